@@ -1,0 +1,182 @@
+"""Our own forward for Llama-architecture checkpoints (Llama, Qwen2, Mistral) over a slot KV cache.
+
+One call scores a *ragged* batch: each item is a request (its cache slot) with any number of new
+tokens — a prompt to prefill, one token to decode, or a drafted token tree — laid out as a padded
+[B, Lq] block with per-item context lengths. Every new token attends to its request's committed
+context and, among the new tokens, to its tree ancestors and itself (a chain is the tree where each
+token's parent is the one before). Weights, rotary embedding and config come from the transformers
+checkpoint; the arithmetic is a plain re-statement of ``LlamaForCausalLM.forward`` (checked to
+1e-4 in fp32 by the tests) with no per-request Python loop inside the model.
+
+The forward writes the new tokens' keys and values at ``lengths[slot] + i`` but does not commit
+them: the caller commits what verification accepted (``KVCache.commit`` / ``compact``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from .kv_cache import KVCache
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class ForwardItem:
+    """New tokens of one request to run through the model."""
+
+    slot: int
+    """The request's KV cache slot."""
+    tokens: tuple[int, ...]
+    """Token ids, parents before children."""
+    parents: tuple[int, ...] | None = None
+    """Tree parent index per token (-1 = follows the context); None = a chain."""
+
+
+@dataclass(frozen=True)
+class _Layer:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+
+
+class ModelRunner:
+    """A loaded model and its KV cache."""
+
+    def __init__(self, path: str | Path, num_slots: int = 16, max_len: int | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        cfg = hf.config
+        if cfg.model_type not in SUPPORTED:
+            raise ValueError(f"{path}: model type {cfg.model_type!r} is not supported "
+                             f"(expected one of {SUPPORTED})")
+        window = getattr(cfg, "sliding_window", None)
+        self.max_len = max_len or cfg.max_position_embeddings
+        if window and getattr(cfg, "use_sliding_window", True) and window < self.max_len:
+            raise ValueError(f"{path}: sliding-window attention ({window}) shorter than the "
+                             f"context ({self.max_len}) is not supported")
+        self.config = cfg
+        self.device = torch.device(device)
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.vocab_size = cfg.vocab_size
+        base = hf.model
+        self.embed = base.embed_tokens.weight
+        self.norm = base.norm.weight
+        self.lm_head = hf.lm_head.weight
+        self.rotary = base.rotary_emb
+        self.layers = [self._layer(layer) for layer in base.layers]
+        self.cache = KVCache(len(self.layers), num_slots, self.kv_heads, self.max_len,
+                             self.head_dim, dtype, device)
+
+    @staticmethod
+    def _layer(layer: torch.nn.Module) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        return _Layer(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+                      a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, m.gate_proj.weight,
+                      m.up_proj.weight, m.down_proj.weight, layer.input_layernorm.weight,
+                      layer.post_attention_layernorm.weight)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return w * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _layout(self, items: list[ForwardItem]) -> tuple[dict[str, torch.Tensor], int]:
+        """Padded index tensors of a ragged batch (shapes in comments)."""
+        b = len(items)
+        sizes = [len(it.tokens) for it in items]
+        lq = max(sizes)
+        dev = self.device
+        ctx = torch.tensor([self.cache.lengths[it.slot] for it in items], device=dev)  # [B]
+        n = torch.tensor(sizes, device=dev)                                           # [B]
+        if int((ctx + n).max()) > self.max_len:
+            raise ValueError(f"context would exceed {self.max_len} tokens")
+        tokens = torch.zeros(b, lq, dtype=torch.long, device=dev)                     # [B, Lq]
+        parents = torch.full((b, lq), -1, dtype=torch.long, device=dev)               # [B, Lq]
+        for i, it in enumerate(items):
+            tokens[i, :sizes[i]] = torch.tensor(it.tokens, device=dev)
+            tree = it.parents if it.parents is not None else range(-1, sizes[i] - 1)
+            parents[i, :sizes[i]] = torch.tensor(tree, device=dev)
+        valid = torch.arange(lq, device=dev)[None, :] < n[:, None]                    # [B, Lq]
+        if all(it.parents is None for it in items):  # chains: causal mask, depth = index + 1
+            anc = torch.ones(lq, lq, dtype=torch.bool, device=dev).tril().expand(b, lq, lq)
+            depth = torch.arange(1, lq + 1, device=dev).expand(b, lq)
+        else:
+            anc, depth = _ancestors(parents)
+        positions = ctx[:, None] + depth - 1                                          # [B, Lq]
+        lk = int((ctx + n).max())
+        rel = torch.arange(lk, device=dev)[None, None, :] - ctx[:, None, None]        # [B, 1, Lk]
+        in_tree = (rel >= 0) & (rel < n[:, None, None])
+        tree_part = anc.gather(2, rel.clamp(0, lq - 1).expand(b, lq, lk)) & in_tree   # [B, Lq, Lk]
+        mask = (rel < 0) | tree_part
+        mask = mask | (~valid[:, :, None] & (torch.arange(lk, device=dev) == 0))      # pad rows
+        return {"tokens": tokens, "valid": valid, "positions": positions, "ctx": ctx,
+                "mask": mask[:, None]}, lk
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Logits [B, Lq, V] of every new token (rows past an item's length are padding)."""
+        lay, lk = self._layout(items)
+        b, lq = lay["tokens"].shape
+        slots = torch.tensor([it.slot for it in items], device=self.device)           # [B]
+        write_pos = lay["ctx"][:, None] + torch.arange(lq, device=self.device)         # [B, Lq]
+        vb, vi = lay["valid"].nonzero(as_tuple=True)                                  # [T], [T]
+        w_slot, w_pos = slots[vb], write_pos[vb, vi]                                  # [T], [T]
+        x = F.embedding(lay["tokens"], self.embed)                                    # [B, Lq, D]
+        cos, sin = self.rotary(x, lay["positions"])                                   # [B, Lq, hd]
+        cos, sin = cos[:, None], sin[:, None]
+        for li, w in enumerate(self.layers):
+            h = self._rms(x, w.attn_norm)
+            q = F.linear(h, w.q, w.q_bias).view(b, lq, self.heads, self.head_dim).transpose(1, 2)
+            k = F.linear(h, w.k, w.k_bias).view(b, lq, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = F.linear(h, w.v, w.v_bias).view(b, lq, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)                   # [B, H, Lq, hd]
+            ck, cv = self.cache.k[li], self.cache.v[li]                               # [S, KVH, L, hd]
+            ck[w_slot, :, w_pos] = k[vb, :, vi]
+            cv[w_slot, :, w_pos] = v[vb, :, vi]
+            keys, values = ck[slots, :, :lk], cv[slots, :, :lk]                       # [B, KVH, Lk, hd]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=lay["mask"],
+                                                  enable_gqa=self.kv_heads != self.heads)
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
+            h = self._rms(x, w.mlp_norm)
+            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+        return F.linear(self._rms(x, self.norm), self.lm_head)                        # [B, Lq, V]
+
+
+def _ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents [B, N] (-1 = root) -> (ancestor-or-self mask [B, N, N] bool, depth [B, N] from 1)."""
+    b, n = parents.shape
+    idx = torch.arange(n, device=parents.device).expand(b, n)
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device).repeat(b, 1, 1)
+    depth = torch.ones(b, n, dtype=torch.long, device=parents.device)
+    cur = idx.clone()
+    for _ in range(n - 1):
+        par = torch.where(cur >= 0, parents.gather(1, cur.clamp(min=0)), -1)          # [B, N]
+        if bool((par < 0).all()):
+            break
+        anc.scatter_(2, torch.where(par >= 0, par, idx)[..., None], True)
+        depth += (par >= 0).long()
+        cur = par
+    return anc, depth

@@ -1,0 +1,71 @@
+"""Token trees: what a drafter proposes for one request in one step.
+
+A tree hangs off the request's last context token. Nodes are listed parents-first; ``parents[i]`` is
+the index of node i's parent, or -1 when node i directly follows the context. A chain of k drafted
+tokens is the tree with parents ``[-1, 0, 1, ..., k-2]``. Mirrors ``spin.v1.TokenTree``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """Drafted tokens of one request and their tree structure."""
+
+    tokens: tuple[int, ...]
+    """Drafted token id of each node, parents before children."""
+    parents: tuple[int, ...]
+    """Parent node index of each node; -1 = follows the last context token."""
+    draft_probs: torch.Tensor | None = field(default=None, compare=False)
+    """[N, V] draft distribution *at each node's position* (the distribution the node's token was
+    drawn from), for stochastic verification; None when the tokens were chosen deterministically
+    (argmax, top-b, prompt lookup), in which case verification treats them as one-hot drafts."""
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must precede their children")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
+            raise ValueError(f"draft_probs has {self.draft_probs.shape[0]} rows for "
+                             f"{len(self.tokens)} nodes")
+
+    @classmethod
+    def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> TokenTree:
+        """A linear chain: each token follows the previous one."""
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, len(self.tokens) - 1))
+
+    def depths(self) -> list[int]:
+        """Depth of each node (1 for children of the context)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def children(self, node: int) -> list[int]:
+        """Children of ``node`` (-1 = the context), in listing order."""
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: entry (i, j) is True iff node j is node i or one of its ancestors.
+
+        This is the tree-attention mask among drafted tokens; every node also sees the whole context.
+        """
+        n = len(self.tokens)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                mask[i] |= mask[p]
+        return mask

@@ -1,0 +1,1 @@
+"""The demo model family: corpus, tokenizer, training, distillation and the acceptance report."""

@@ -1,0 +1,35 @@
+"""Shared fixtures: the committed demo family, loaded once per session (fp32, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from spin.zoo.report import family_members, load_model
+from spin.zoo.specs import FAMILY_DIR
+
+torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def family_dir() -> Path:
+    assert (FAMILY_DIR / "target" / "config.json").exists(), f"no demo family at {FAMILY_DIR}"
+    return FAMILY_DIR
+
+
+@pytest.fixture(scope="session")
+def tokenizer(family_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(family_dir / "target")
+
+
+@pytest.fixture(scope="session")
+def target(family_dir: Path) -> PreTrainedModel:
+    return load_model(family_dir / "target")
+
+
+@pytest.fixture(scope="session")
+def drafts(family_dir: Path) -> dict[str, PreTrainedModel]:
+    return {name: load_model(family_dir / name) for name in family_members(family_dir)}

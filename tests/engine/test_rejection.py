@@ -1,0 +1,139 @@
+"""Verification keeps the target distribution (chi-square) and greedy equals target-alone."""
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from spin.engine.rejection import verify_greedy, verify_stochastic
+from spin.engine.sampling import SamplingParams, probs_from_logits
+from spin.engine.tree import TokenTree
+
+V = 5
+DRAWS = 20_000
+
+
+@lru_cache(maxsize=None)
+def _raw(ctx: tuple[int, ...], salt: int) -> torch.Tensor:
+    seed = salt + 10 * (1 + sum((t + 1) * 7 ** i for i, t in enumerate(ctx)))
+    return torch.randn(V, generator=torch.Generator().manual_seed(seed)) * 1.5
+
+
+def target_logits(ctx: tuple[int, ...]) -> torch.Tensor:
+    """A small-vocabulary 'model': fixed logits for every context."""
+    return _raw(ctx, 0)
+
+
+def draft_logits(ctx: tuple[int, ...]) -> torch.Tensor:
+    """A draft correlated with the target but different from it."""
+    return 0.6 * _raw(ctx, 0) + 0.8 * _raw(ctx, 1)
+
+
+def draft_tree(ctx: tuple[int, ...], parents: tuple[int, ...], params: SamplingParams,
+               sampled: bool, gen: torch.Generator) -> TokenTree:
+    """Sampled: each node drawn from q at its position (siblings i.i.d.). Else top-b of q."""
+    tokens: list[int] = []
+    rows: list[torch.Tensor] = []
+    paths: list[tuple[int, ...]] = []
+    for i, p in enumerate(parents):
+        prefix = ctx if p < 0 else ctx + paths[p]
+        q = probs_from_logits(draft_logits(prefix), params)
+        if sampled:
+            tok = int(torch.multinomial(q, 1, generator=gen))
+        else:
+            rank = sum(1 for j in range(i) if parents[j] == p)
+            tok = int(q.argsort(descending=True)[rank])
+        tokens.append(tok)
+        rows.append(q)
+        paths.append((() if p < 0 else paths[p]) + (tok,))
+    return TokenTree(tuple(tokens), parents, torch.stack(rows) if sampled else None)
+
+
+def target_rows(ctx: tuple[int, ...], tree: TokenTree, params: SamplingParams) -> torch.Tensor:
+    paths: list[tuple[int, ...]] = []
+    for tok, p in zip(tree.tokens, tree.parents):
+        paths.append((() if p < 0 else paths[p]) + (tok,))
+    rows = [target_logits(ctx)] + [target_logits(ctx + path) for path in paths]
+    return probs_from_logits(torch.stack(rows), params)  # [N + 1, V]
+
+
+def first_two_tokens(parents: tuple[int, ...], params: SamplingParams, sampled: bool,
+                     gen: torch.Generator) -> tuple[int, int]:
+    out: tuple[int, ...] = ()
+    while len(out) < 2:
+        tree = draft_tree(out, parents, params, sampled, gen)
+        out += verify_stochastic(tree, target_rows(out, tree, params), gen).tokens
+    return out[0], out[1]
+
+
+def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    expected = expected_probs * counts.sum()
+    support = expected > 0
+    assert counts[~support].sum() == 0, "a token outside the target's support was emitted"
+    stat = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+    dof = int(support.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+
+
+SHAPES = {"chain": (-1, 0, 1), "tree": (-1, -1, 0, 1, 2)}
+PARAMS = {"t1": SamplingParams(temperature=1.0),
+          "t07-topk3-topp09": SamplingParams(temperature=0.7, top_k=3, top_p=0.9)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("params_name", PARAMS)
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "deterministic"])
+def test_emitted_tokens_follow_the_target(shape: str, params_name: str, sampled: bool) -> None:
+    torch.set_num_threads(1)
+    params = PARAMS[params_name]
+    gen = torch.Generator().manual_seed(1234)
+    counts = torch.zeros(V, V)
+    for _ in range(DRAWS):
+        a, b = first_two_tokens(SHAPES[shape], params, sampled, gen)
+        counts[a, b] += 1
+    p1 = probs_from_logits(target_logits(()), params)                               # [V]
+    p2 = torch.stack([probs_from_logits(target_logits((a,)), params) for a in range(V)])  # [V, V]
+    assert chi_square_p(counts.sum(1), p1) > 0.01           # first token
+    assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 0.01  # first two jointly
+
+
+def test_the_check_detects_a_biased_sampler() -> None:
+    """Accepting drafts without the rejection rule must fail the same test (it can fail)."""
+    params = PARAMS["t1"]
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.zeros(V)
+    for _ in range(DRAWS):
+        q = probs_from_logits(draft_logits(()), params)
+        counts[int(torch.multinomial(q, 1, generator=gen))] += 1  # draft's token, always kept
+    assert chi_square_p(counts, probs_from_logits(target_logits(()), params)) < 1e-6
+
+
+def test_greedy_walks_the_argmax_path() -> None:
+    tree = TokenTree((3, 1, 4, 2, 0), (-1, -1, 1, 1, 2))
+    logits = torch.full((6, V), -5.0)
+    for row, best in enumerate([1, 0, 2, 0, 0, 4]):   # row 0: after context; row i+1: after node i
+        logits[row, best] = 5.0
+    v = verify_greedy(tree, logits)  # root -> node 1 (tok 1) -> node 3 (tok 2) -> leaf: bonus
+    assert v.accepted == (1, 3) and v.tokens == (1, 2, 0)
+    logits[0] = 0.0
+    logits[0, 2] = 5.0               # the target wants 2 first: no child has it
+    assert verify_greedy(tree, logits).tokens == (2,)
+
+
+def test_one_hot_draft_equal_to_greedy_target_is_always_accepted() -> None:
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams()
+    ctx: tuple[int, ...] = (1, 2)
+    tree = draft_tree(ctx, (-1, 0, 1), SamplingParams(), sampled=False, gen=gen)
+    rows = target_rows(ctx, tree, params)
+    greedy = verify_greedy(tree, torch.log(rows + 1e-9))
+    assert verify_stochastic(tree, rows, gen).tokens == greedy.tokens
+
+
+def test_seeded_verification_repeats() -> None:
+    params = SamplingParams(temperature=1.0, seed=42)
+    runs = []
+    for _ in range(2):
+        gen = params.generator()
+        runs.append([first_two_tokens(SHAPES["tree"], params, True, gen) for _ in range(50)])
+    assert runs[0] == runs[1]

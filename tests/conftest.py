@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spin.zoo.report import family_members, load_model
 from spin.zoo.specs import FAMILY_DIR
-
-torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +30,9 @@ def target(family_dir: Path) -> PreTrainedModel:
 @pytest.fixture(scope="session")
 def drafts(family_dir: Path) -> dict[str, PreTrainedModel]:
     return {name: load_model(family_dir / name) for name in family_members(family_dir)}
+
+
+@pytest.fixture(scope="session")
+def draft_model(family_dir: Path) -> PreTrainedModel:
+    """The smallest draft as a transformers model (the reference for the engine's drafter)."""
+    return load_model(family_dir / "draft-structured")

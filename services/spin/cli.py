@@ -60,6 +60,29 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_engine(args: argparse.Namespace) -> int:
+    from .bench.engine import EngineBenchConfig, run_engine_bench
+
+    report = run_engine_bench(EngineBenchConfig(family_dir=args.family_dir, quick=args.quick))
+    for domain, row in report["domains"].items():
+        alone = row["target_alone_tok_s"]
+        print(f"{domain:6s} target alone {alone:7.1f} tok/s | HF generate "
+              f"{row['hf_generate_tok_s']:7.1f} | HF assisted best {row['hf_assisted_best_tok_s']:7.1f} "
+              f"({row['hf_assisted_best_draft']}) | spec best {row['spec_best_tok_s']:7.1f} "
+              f"({row['spec_best_drafter']}, k={row['spec_best_k']}, tau={row['tau']:.2f}) "
+              f"= {row['spec_best_tok_s'] / alone:.2f}x alone, "
+              f"{row['spec_best_tok_s'] / row['hf_generate_tok_s']:.2f}x HF generate, "
+              f"{row['spec_best_tok_s'] / row['hf_assisted_best_tok_s']:.2f}x HF assisted")
+    for b, row in report["batch"].items():
+        print(f"batch {b:>2s}: spec off {row['spec_off_tok_s']:7.1f} tok/s, on "
+              f"{row['spec_on_tok_s']:7.1f} tok/s ({row['spec_on_tok_s'] / row['spec_off_tok_s']:.2f}x)")
+    print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return 0 if report["lossless"] else 1
+
+
 def _positive(kind: type) -> callable:
     def parse(text: str):
         value = kind(text)
@@ -102,6 +125,14 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int)
     gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    be = bsub.add_parser("engine", help="engine vs transformers, speculation on vs off")
+    be.add_argument("--quick", action="store_true", help="fewer prompts and k (<= 4 min on 2 cores)")
+    be.add_argument("--json", help="write the report as JSON to this file")
+    be.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    be.set_defaults(func=_bench_engine)
 
     demo = sub.add_parser("demo", help="the family on held-out prompts, with per-drafter acceptance")
     demo.add_argument("--family-dir", type=Path, default=FAMILY_DIR)

@@ -56,7 +56,7 @@ def test_matches_transformers_on_demo_models(family_dir: Path, tokenizer) -> Non
              "The program reads its configuration from the file named by the option.",
              '{"id": 7, "name": "ada"}\n{"id": 8, "name": "alan"}']
     seqs = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    for name in ("target", "draft-tiny"):
+    for name in ("target", "draft-structured"):
         check_runner(family_dir / name, seqs)
 
 
@@ -77,7 +77,7 @@ def test_matches_transformers_on_other_llama_family_configs(tmp_path: Path, conf
 
 
 def test_context_overflow_is_refused(family_dir: Path) -> None:
-    runner = ModelRunner(family_dir / "draft-tiny", num_slots=1, max_len=16)
+    runner = ModelRunner(family_dir / "draft-structured", num_slots=1, max_len=16)
     slot = runner.cache.admit("a")
     with pytest.raises(ValueError, match="exceed 16"):
         runner.forward([ForwardItem(slot, tuple(range(17)))])

@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from spin.zoo.acceptance import (PROMPT_LOOKUP, human_window_acceptance, prompt_lookup_propose,
-                                 teacher_forced_argmax, walk_steps)
+from spin.engine.drafter import prompt_lookup
+from spin.zoo.acceptance import (PROMPT_LOOKUP, human_window_acceptance, teacher_forced_argmax,
+                                 walk_steps)
 from spin.zoo.distill import greedy_continue
 from spin.zoo.corpus import heldout_prompts
 
@@ -18,7 +19,7 @@ def literal_speculative_decode(target: PreTrainedModel, draft: PreTrainedModel |
     while len(seq) - len(prompt) < n_new:
         k_eff = min(k, n_new - (len(seq) - len(prompt)))
         if draft is None:
-            proposal = prompt_lookup_propose(seq, k_eff)
+            proposal = prompt_lookup(seq, k_eff)
         else:
             proposal = []
             for _ in range(k_eff):
@@ -61,14 +62,6 @@ def test_target_drafting_for_itself_accepts_everything(family_dir, tokenizer, ta
     assert walk_steps(seq, t_arg, len(prompt), 4, t_arg) == [4, 4, 4, 4]  # 4 steps x 5 tokens
     windows = torch.tensor([prompt, prompt[::-1]])
     assert human_window_acceptance(target, target, windows, 3) == [3, 3]
-
-
-def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
-    assert prompt_lookup_propose([1, 2, 3, 4, 1, 2], k=3) == [3, 4, 1]
-    assert prompt_lookup_propose([5, 6, 7, 9, 5, 6, 8, 5, 6], k=2) == [8, 5]  # latest match wins
-    assert prompt_lookup_propose([1, 2, 3, 9, 2, 3], k=2) == [9, 2]  # longest n-gram first
-    assert prompt_lookup_propose([1, 2, 3], k=4) == []
-    assert prompt_lookup_propose([7, 7], k=4) == [7]
 
 
 def test_walk_steps_stops_accepting_at_first_mismatch() -> None:

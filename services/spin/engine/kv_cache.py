@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import seeded_generator
+
 
 class CacheFull(RuntimeError):
     """No free slot (the caller maps this to RESOURCE_EXHAUSTED)."""
@@ -86,3 +88,62 @@ class KVCache:
         dst = slice(start, start + len(positions))
         self.k[:, slot, :, dst] = self.k[:, slot, :, src]
         self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+
+
+class RequestSlots:
+    """Per-request state of one model: its cache slot, the tokens that slot holds keys and values
+    for, and the request's random generator on this model (seeded from the request's seed plus a
+    per-model offset, so drafter and verifier draw independent streams)."""
+
+    def __init__(self, cache: KVCache, seed_offset: int = 0) -> None:
+        self.cache = cache
+        self.seed_offset = seed_offset
+        self._slot: dict[str, int] = {}
+        self._tokens: dict[str, list[int]] = {}
+        self._gens: dict[str, torch.Generator] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def slot(self, request_id: str) -> int:
+        return self._slot[request_id]
+
+    def generator(self, request_id: str) -> torch.Generator:
+        return self._gens[request_id]
+
+    def sync(self, request_id: str, context: tuple[int, ...] | list[int],
+             seed: int | None = None) -> tuple[int, int]:
+        """Make the slot hold a prefix of ``context``; return (slot, length of that prefix).
+
+        A new request is admitted (``CacheFull`` when none is free) and gets its generator,
+        seeded from ``seed`` (None: from the OS). The prefix is the longest one
+        shared with what the slot holds, and always leaves at least the last context token to feed
+        (its logits are what the next step needs). The caller feeds ``context[prefix:]``.
+        """
+        if request_id not in self._slot:
+            self._slot[request_id] = self.cache.admit(request_id)
+            self._tokens[request_id] = []
+            self._gens[request_id] = seeded_generator(
+                None if seed is None else seed + self.seed_offset, self.cache.k.device)
+        slot, held = self._slot[request_id], self._tokens[request_id]
+        limit = min(len(held), len(context) - 1, self.cache.lengths[slot])
+        common = limit if held[:limit] == list(context[:limit]) else 0  # the usual case, at C speed
+        while common < limit and held[common] == context[common]:
+            common += 1
+        self.cache.rollback(slot, common)
+        return slot, common
+
+    def hold(self, request_id: str, tokens: list[int]) -> None:
+        """Record the tokens the slot now holds (after the caller committed them)."""
+        self._tokens[request_id] = tokens
+
+    def release(self, request_id: str) -> None:
+        """Free the request's slot; unknown ids are ignored (release is idempotent)."""
+        slot = self._slot.pop(request_id, None)
+        self._tokens.pop(request_id, None)
+        self._gens.pop(request_id, None)
+        if slot is not None:
+            self.cache.free(slot)

@@ -40,18 +40,15 @@ class ForwardItem:
 
 @dataclass(frozen=True)
 class _Layer:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
-    attn_norm: torch.Tensor
-    mlp_norm: torch.Tensor
+    """One decoder layer's weights, with q/k/v and gate/up fused into single matrices."""
+
+    qkv: torch.Tensor              # [(H + 2 * KVH) * hd, D]
+    qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * hd] (Qwen2) or None
+    o: torch.Tensor                # [D, H * hd]
+    gate_up: torch.Tensor          # [2 * I, D]
+    down: torch.Tensor             # [D, I]
+    attn_norm: torch.Tensor        # [D]
+    mlp_norm: torch.Tensor         # [D]
 
 
 class ModelRunner:
@@ -88,10 +85,14 @@ class ModelRunner:
     @staticmethod
     def _layer(layer: torch.nn.Module) -> _Layer:
         a, m = layer.self_attn, layer.mlp
-        return _Layer(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
-                      a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, m.gate_proj.weight,
-                      m.up_proj.weight, m.down_proj.weight, layer.input_layernorm.weight,
-                      layer.post_attention_layernorm.weight)
+        projs = (a.q_proj, a.k_proj, a.v_proj)
+        bias = None
+        if any(p.bias is not None for p in projs):
+            bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
+                              for p in projs])
+        return _Layer(torch.cat([p.weight for p in projs]), bias, a.o_proj.weight,
+                      torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight,
+                      layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         var = x.float().pow(2).mean(-1, keepdim=True)
@@ -149,10 +150,9 @@ class ModelRunner:
         cos, sin = cos[:, None], sin[:, None]
         for li, w in enumerate(self.layers):
             h = self._rms(x, w.attn_norm)
-            q = F.linear(h, w.q, w.q_bias).view(b, lq, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(h, w.k, w.k_bias).view(b, lq, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(h, w.v, w.v_bias).view(b, lq, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)                   # [B, H, Lq, hd]
+            qkv = F.linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim).transpose(1, 2)
+            q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)     # [B, *, Lq, hd]
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             ck, cv = self.cache.k[li], self.cache.v[li]                               # [S, KVH, L, hd]
             ck[w_slot, :, w_pos] = k[vb, :, vi]
             cv[w_slot, :, w_pos] = v[vb, :, vi]
@@ -160,8 +160,8 @@ class ModelRunner:
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=lay["mask"],
                                                   enable_gqa=self.kv_heads != self.heads)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
-            h = self._rms(x, w.mlp_norm)
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+            gate, up = F.linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down)
         return F.linear(self._rms(x, self.norm), self.lm_head)                        # [B, Lq, V]
 
 

@@ -40,12 +40,17 @@ class SamplingParams:
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """A fresh generator for this request (seeded when a seed is set)."""
-        gen = torch.Generator(device=device)
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+        return seeded_generator(self.seed, device)
+
+
+def seeded_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with ``seed``, or from the OS when ``seed`` is None."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

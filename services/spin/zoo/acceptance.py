@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..engine.drafter import prompt_lookup
 from .distill import greedy_continue
 
 PROMPT_LOOKUP = "prompt-lookup"
@@ -26,19 +27,6 @@ PROMPT_LOOKUP = "prompt-lookup"
 def teacher_forced_argmax(model: PreTrainedModel, seqs: torch.Tensor) -> torch.Tensor:
     """[B, T] int64 -> [B, T] int64: argmax next token after each prefix ``seqs[:, :j + 1]``."""
     return model(input_ids=seqs).logits.argmax(-1)
-
-
-def prompt_lookup_propose(context: list[int], k: int, max_ngram: int = 3) -> list[int]:
-    """Model-free drafting: the tokens that followed the latest earlier match of the context's tail.
-
-    Tries n-grams from ``max_ngram`` down to 1; returns up to k tokens, or none without a match.
-    """
-    for n in range(min(max_ngram, len(context) - 1), 0, -1):
-        tail = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == tail:
-                return context[start + n:start + n + k]
-    return []
 
 
 def walk_steps(seq: list[int], target_argmax: list[int], prompt_len: int, k: int,
@@ -55,7 +43,7 @@ def walk_steps(seq: list[int], target_argmax: list[int], prompt_len: int, k: int
     while c < len(seq):
         k_eff = min(k, len(seq) - c)
         if draft_argmax is None:
-            proposal = prompt_lookup_propose(seq[:c], k_eff)
+            proposal = prompt_lookup(seq[:c], k_eff)
         else:
             proposal = draft_argmax[c - 1:c - 1 + k_eff]
         accepted = 0
@@ -76,7 +64,7 @@ def human_window_acceptance(target: PreTrainedModel, draft: PreTrainedModel | No
     tokens; the target scores context + proposals in one forward; returns W accepted counts.
     """
     if draft is None:
-        proposals = [prompt_lookup_propose(w.tolist(), k) for w in windows]
+        proposals = [prompt_lookup(w.tolist(), k) for w in windows]
     else:
         proposals = greedy_continue(draft, windows, k).tolist()
     out = []

@@ -42,7 +42,6 @@ def build_family(family: FamilySpec, family_dir: Path, build_dir: Path,
         raise ValueError(f"unknown stages {sorted(unknown)}; expected some of {STAGES}")
     corpus_dir, data_dir = build_dir / "corpus", build_dir / "tokens"
     tok_dir, distill_dir = build_dir / "tokenizer", build_dir / "distill"
-    torch.set_num_threads(torch.get_num_threads())
 
     def todo(stage: str, output: Path) -> bool:
         if stage not in stages:

@@ -147,7 +147,7 @@ def train_model(spec: ModelSpec, family: FamilySpec, tokenizer: PreTrainedTokeni
         "final_heldout_loss": curve[-1]["heldout"], "curve": curve,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True, max_shard_size="20MB")
     tokenizer.save_pretrained(out_dir)
     (out_dir / "training.json").write_text(json.dumps(record, indent=2))
     return record

@@ -1,0 +1,150 @@
+"""Drafting: model drafters (any small checkpoint) and the model-free prompt-lookup drafter.
+
+Both take a batch of ``DraftRequest`` and return one ``TokenTree`` per request. A request may use a
+different drafter at every step: a model drafter keeps the tokens its cache holds per request and,
+before drafting, rolls back to the longest common prefix with the request's context and feeds the
+rest (catch-up), so switching in costs one prefill of the missing context.
+
+Tree shape: ``branching[d]`` children per node at depth d+1 (e.g. (2, 1, 1) = two branches of three
+tokens), a chain of ``k`` when ``branching`` is empty. Greedy requests take the top-b tokens of the
+draft distribution (one-hot drafts); sampling requests draw b i.i.d. tokens from it and ship the
+distribution rows, which stochastic verification needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .kv_cache import RequestSlots
+from .model_runner import ForwardItem, ModelRunner
+from .sampling import SamplingParams, probs_from_logits
+from .tree import TokenTree
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a drafter needs to propose for one request."""
+
+    request_id: str
+    """Stable id of the request (keys the drafter's per-request state)."""
+    context: tuple[int, ...]
+    """The request's whole token context: prompt + tokens emitted so far."""
+    k: int
+    """Speculation length (tree depth); 0 = no speculation."""
+    branching: tuple[int, ...] = ()
+    """Children per node at each depth; () = a chain of k."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """The request's sampling parameters (draft distributions use the same transform)."""
+
+    def shape(self) -> tuple[int, ...]:
+        """Children per node for each of the k levels."""
+        return tuple(self.branching[d] if d < len(self.branching) else 1 for d in range(self.k))
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, requests: list[DraftRequest]) -> list[TokenTree]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+def prompt_lookup(context: tuple[int, ...] | list[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the context's last n-gram
+    (n from ``max_ngram`` down to 1); [] without a match."""
+    ctx = list(context)
+    for n in range(min(max_ngram, len(ctx) - 1), 0, -1):
+        tail = ctx[-n:]
+        for start in range(len(ctx) - n - 1, -1, -1):
+            if ctx[start:start + n] == tail:
+                return ctx[start + n:start + n + k]
+    return []
+
+
+class PromptLookupDrafter:
+    """Model-free n-gram drafting from the request's own context (chains only, one-hot drafts)."""
+
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.max_ngram = max_ngram
+
+    def propose(self, requests: list[DraftRequest]) -> list[TokenTree]:
+        return [TokenTree.chain(prompt_lookup(r.context, r.k, self.max_ngram)) for r in requests]
+
+    def release(self, request_id: str) -> None:
+        return None
+
+
+class ModelDrafter:
+    """A draft model with its own KV cache; drafts all requests of a batch level by level."""
+
+    def __init__(self, name: str, runner: ModelRunner) -> None:
+        self.name = name
+        self.runner = runner
+        self.slots = RequestSlots(runner.cache, seed_offset=1)  # a stream apart from the verifier's
+
+    def release(self, request_id: str) -> None:
+        """Free the request's cache slot (finished, cancelled, or switched away for good)."""
+        self.slots.release(request_id)
+
+    def _catch_up_item(self, r: DraftRequest) -> ForwardItem:
+        """The item that feeds what the slot lacks of the context (at least the last token,
+        whose logits draft the first level)."""
+        slot, common = self.slots.sync(r.request_id, r.context, r.sampling.seed)
+        self.slots.hold(r.request_id, list(r.context))
+        return ForwardItem(slot, tuple(r.context[common:]))
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[TokenTree]:
+        active = [r for r in requests if r.k > 0]
+        trees: dict[str, TokenTree] = {r.request_id: TokenTree((), ()) for r in requests}
+        if not active:
+            return [trees[r.request_id] for r in requests]
+        items = [self._catch_up_item(r) for r in active]
+        logits = self.runner.forward(items)                                     # [B, Lq, V]
+        last = logits[torch.arange(len(items)), [len(it.tokens) - 1 for it in items]]  # [B, V]
+        for r, it in zip(active, items):
+            self.runner.cache.commit(it.slot, len(r.context))
+        nodes = {r.request_id: ([], [], []) for r in active}  # tokens, parents, prob rows
+        frontier = {r.request_id: [(-1, last[i])] for i, r in enumerate(active)}
+        for depth in range(max(r.k for r in active)):
+            for r in active:
+                if depth < r.k:
+                    self._expand(r, depth, nodes[r.request_id], frontier)
+            level = [r for r in active if depth + 1 < r.k and frontier[r.request_id]]
+            if not level:
+                break
+            out = self.runner.forward([ForwardItem(self.slots.slot(r.request_id),
+                                                   tuple(nodes[r.request_id][0]),
+                                                   tuple(nodes[r.request_id][1])) for r in level])
+            for i, r in enumerate(level):  # logits at the new leaves drive the next level
+                frontier[r.request_id] = [(n, out[i, n]) for n, _ in frontier[r.request_id]]
+        for r in active:
+            toks, pars, rows = nodes[r.request_id]
+            probs = torch.stack(rows) if rows and not r.sampling.greedy else None
+            trees[r.request_id] = TokenTree(tuple(toks), tuple(pars), probs)
+        return [trees[r.request_id] for r in requests]
+
+    def _expand(self, r: DraftRequest, depth: int, nodes: tuple[list, list, list],
+                frontier: dict[str, list]) -> None:
+        """Add the children of every frontier node; the frontier becomes those children."""
+        toks, pars, rows = nodes
+        width = r.shape()[depth]
+        new = []
+        for parent, logit in frontier[r.request_id]:
+            q = probs_from_logits(logit, r.sampling)                            # [V]
+            if r.sampling.greedy:  # top-b of the raw logits (q is one-hot)
+                children = logit.topk(width).indices.tolist()
+            else:
+                children = torch.multinomial(q, width, replacement=True,
+                                             generator=self.slots.generator(r.request_id)).tolist()
+            for tok in children:
+                toks.append(int(tok))
+                pars.append(parent)
+                rows.append(q)
+                new.append((len(toks) - 1, None))
+        frontier[r.request_id] = new

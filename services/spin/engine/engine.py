@@ -1,0 +1,147 @@
+"""In-process speculative generation: draft step + verify step, composed, for tests and benchmarks.
+
+The services run the same two steps in different processes; here they are plain calls. Every step,
+each active request gets a drafter, k and tree shape (from the request, or from a ``choose``
+callback — the hook the selection and speculation-length policies plug into), drafters propose in
+batches, the verifier decides for the whole batch in one target forward, and requests leave the
+batch as they finish (max_tokens or EOS), freeing their caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .drafter import Drafter, DraftRequest
+from .sampling import SamplingParams
+from .tree import TokenTree
+from .verifier import Verifier, VerifyRequest
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation to run."""
+
+    request_id: str
+    """Unique id."""
+    prompt: tuple[int, ...]
+    """Prompt token ids (at least one)."""
+    max_tokens: int
+    """Tokens to generate at most."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Greedy by default."""
+    drafter: str | None = None
+    """Drafter name; None = no speculation (target alone)."""
+    k: int = 4
+    """Speculation length."""
+    branching: tuple[int, ...] = ()
+    """Tree shape (children per node per level); () = chain."""
+    stop_at_eos: bool = True
+    """Stop after emitting the EOS token."""
+
+
+@dataclass
+class GenerationResult:
+    """What a request produced and how speculation went for it."""
+
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    steps: int = 0
+    """Verification steps (target forwards that included this request)."""
+    drafted: int = 0
+    """Draft tokens proposed (tree nodes)."""
+    accepted: int = 0
+    """Draft tokens accepted."""
+    drafters: list[str] = field(default_factory=list)
+    """Drafter used at each step ('' = none)."""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verification step (accepted + the bonus/correction token)."""
+        return len(self.tokens) / self.steps if self.steps else 0.0
+
+
+Choice = tuple[str | None, int, tuple[int, ...]]
+"""(drafter name or None, k, branching) for one request and step."""
+
+
+class SpecEngine:
+    """A verifier and a pool of drafters."""
+
+    def __init__(self, verifier: Verifier, drafters: dict[str, Drafter],
+                 eos_id: int | None = None) -> None:
+        self.verifier = verifier
+        self.drafters = drafters
+        self.eos_id = eos_id
+
+    def generate(self, requests: list[GenerationRequest],
+                 choose: Callable[[GenerationRequest, GenerationResult], Choice] | None = None,
+                 ) -> list[GenerationResult]:
+        """Run every request to completion in one continuous batch."""
+        for r in requests:
+            if not r.prompt or r.max_tokens <= 0:
+                raise ValueError(f"{r.request_id}: empty prompt or max_tokens <= 0")
+            if len(r.prompt) + r.max_tokens > self.verifier.runner.max_len:
+                raise ValueError(f"{r.request_id}: prompt ({len(r.prompt)} tokens) + max_tokens "
+                                 f"({r.max_tokens}) exceeds the context of "
+                                 f"{self.verifier.runner.max_len} tokens")
+            if r.drafter is not None and r.drafter not in self.drafters:
+                raise ValueError(f"{r.request_id}: unknown drafter {r.drafter!r}; "
+                                 f"known: {sorted(self.drafters)}")
+        results = {r.request_id: GenerationResult(r.request_id) for r in requests}
+        active = list(requests)
+        try:
+            while active:
+                plan = {r.request_id: (choose(r, results[r.request_id]) if choose
+                                       else (r.drafter, r.k, r.branching)) for r in active}
+                trees = self._draft(active, results, plan)
+                verdicts = self.verifier.verify([
+                    VerifyRequest(r.request_id, tuple(r.prompt) + tuple(results[r.request_id].tokens),
+                                  trees[r.request_id], r.sampling) for r in active])
+                still = []
+                for r, v in zip(active, verdicts):
+                    res = results[r.request_id]
+                    res.steps += 1
+                    res.drafted += len(trees[r.request_id])
+                    res.accepted += v.num_accepted
+                    res.drafters.append(plan[r.request_id][0] or "")
+                    if self._emit(r, res, v.tokens):
+                        still.append(r)
+                    else:
+                        self._release(r.request_id)
+                active = still
+        finally:
+            for r in active:
+                self._release(r.request_id)
+        return [results[r.request_id] for r in requests]
+
+    def _draft(self, active: list[GenerationRequest], results: dict[str, GenerationResult],
+               plan: dict[str, Choice]) -> dict[str, TokenTree]:
+        trees = {r.request_id: TokenTree((), ()) for r in active}
+        groups: dict[str, list[DraftRequest]] = {}
+        for r in active:
+            name, k, branching = plan[r.request_id]
+            room = r.max_tokens - len(results[r.request_id].tokens) - 1
+            k = min(k, room)
+            if name is None or k <= 0:
+                continue
+            context = tuple(r.prompt) + tuple(results[r.request_id].tokens)
+            groups.setdefault(name, []).append(DraftRequest(r.request_id, context, k, branching,
+                                                            r.sampling))
+        for name, reqs in groups.items():
+            for req, tree in zip(reqs, self.drafters[name].propose(reqs)):
+                trees[req.request_id] = tree
+        return trees
+
+    def _emit(self, r: GenerationRequest, res: GenerationResult, tokens: tuple[int, ...]) -> bool:
+        """Append tokens up to max_tokens / EOS; return whether the request goes on."""
+        for tok in tokens:
+            res.tokens.append(tok)
+            if len(res.tokens) >= r.max_tokens or (r.stop_at_eos and tok == self.eos_id):
+                return False
+        return True
+
+    def _release(self, request_id: str) -> None:
+        self.verifier.release(request_id)
+        for drafter in self.drafters.values():
+            drafter.release(request_id)

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from spin.engine.drafter import DraftRequest, ModelDrafter, PromptLookupDrafter, prompt_lookup
+from spin.engine.model_runner import ModelRunner
+from spin.engine.sampling import SamplingParams
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
+    assert prompt_lookup([1, 2, 3, 4, 1, 2], k=3) == [3, 4, 1]
+    assert prompt_lookup([5, 6, 7, 9, 5, 6, 8, 5, 6], k=2) == [8, 5]  # latest match wins
+    assert prompt_lookup([1, 2, 3, 9, 2, 3], k=2) == [9, 2]  # longest n-gram first
+    assert prompt_lookup([1, 2, 3], k=4) == []
+    assert prompt_lookup([7, 7], k=4) == [7]
+    tree = PromptLookupDrafter().propose([DraftRequest("a", (1, 2, 3, 1, 2), 2)])[0]
+    assert tree.tokens == (3, 1) and tree.is_chain
+
+
+@pytest.fixture(scope="module")
+def drafter(family_dir: Path) -> ModelDrafter:
+    return ModelDrafter("draft-structured", ModelRunner(family_dir / "draft-structured", num_slots=4))
+
+
+@torch.inference_mode()
+def test_greedy_chain_is_the_drafts_own_greedy_rollout(drafter: ModelDrafter, draft_model) -> None:
+    ctx = (5, 17, 300, 42, 9)
+    tree = drafter.propose([DraftRequest("a", ctx, 4)])[0]
+    ids = list(ctx)
+    for _ in range(4):
+        ids.append(int(draft_model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert tree.tokens == tuple(ids[len(ctx):]) and tree.is_chain and tree.draft_probs is None
+    drafter.release("a")
+
+
+@torch.inference_mode()
+def test_tree_levels_follow_each_branch(drafter: ModelDrafter, draft_model) -> None:
+    ctx = (11, 12, 13)
+    tree = drafter.propose([DraftRequest("b", ctx, 3, branching=(2,))])[0]
+    assert tree.parents == (-1, -1, 0, 1, 2, 3)  # two branches, each a chain of 3
+    first = draft_model(input_ids=torch.tensor([list(ctx)])).logits[0, -1].topk(2).indices.tolist()
+    assert list(tree.tokens[:2]) == first
+    for leaf in (4, 5):  # each leaf is the draft's argmax after its own branch
+        path, node = [], leaf
+        while node >= 0:
+            path.append(tree.tokens[node])
+            node = tree.parents[node]
+        branch = list(ctx) + path[::-1][:-1]
+        assert tree.tokens[leaf] == int(draft_model(input_ids=torch.tensor([branch])).logits[0, -1].argmax())
+    drafter.release("b")
+
+
+def test_catch_up_after_the_context_moved(drafter: ModelDrafter, draft_model) -> None:
+    """Rejected drafts and a context that grew elsewhere: the next proposal is still exact."""
+    drafter.propose([DraftRequest("c", (1, 2, 3, 4), 4)])
+    moved = (1, 2, 3, 9, 9, 8)  # diverges after 3 tokens and grows
+    tree = drafter.propose([DraftRequest("c", moved, 1)])[0]
+    with torch.inference_mode():
+        want = int(draft_model(input_ids=torch.tensor([list(moved)])).logits[0, -1].argmax())
+    assert tree.tokens == (want,)
+    drafter.release("c")
+    assert drafter.runner.cache.free_slots == 4
+
+
+def test_sampled_drafts_ship_their_distributions(drafter: ModelDrafter) -> None:
+    params = SamplingParams(temperature=0.8, top_k=20, seed=5)
+    tree = drafter.propose([DraftRequest("d", (3, 4, 5), 3, sampling=params)])[0]
+    assert tree.draft_probs is not None and tree.draft_probs.shape[0] == 3
+    assert torch.allclose(tree.draft_probs.sum(-1), torch.ones(3))
+    assert all(float(tree.draft_probs[i, t]) > 0 for i, t in enumerate(tree.tokens))
+    drafter.release("d")

@@ -109,42 +109,44 @@ class ModelDrafter:
         last = logits[torch.arange(len(items)), [len(it.tokens) - 1 for it in items]]  # [B, V]
         for r, it in zip(active, items):
             self.runner.cache.commit(it.slot, len(r.context))
-        nodes = {r.request_id: ([], [], []) for r in active}  # tokens, parents, prob rows
-        frontier = {r.request_id: [(-1, last[i])] for i, r in enumerate(active)}
+        nodes = {r.request_id: ([], [], []) for r in active}  # tokens, parents, prob rows (sampling)
+        frontier = {r.request_id: [(-1, last[i])] for i, r in enumerate(active)}  # (node, logits)
+        leaves: dict[str, list[int]] = {}
         for depth in range(max(r.k for r in active)):
             for r in active:
                 if depth < r.k:
-                    self._expand(r, depth, nodes[r.request_id], frontier)
-            level = [r for r in active if depth + 1 < r.k and frontier[r.request_id]]
+                    leaves[r.request_id] = self._expand(r, depth, nodes[r.request_id],
+                                                        frontier[r.request_id])
+            level = [r for r in active if depth + 1 < r.k and leaves[r.request_id]]
             if not level:
                 break
             out = self.runner.forward([ForwardItem(self.slots.slot(r.request_id),
                                                    tuple(nodes[r.request_id][0]),
                                                    tuple(nodes[r.request_id][1])) for r in level])
             for i, r in enumerate(level):  # logits at the new leaves drive the next level
-                frontier[r.request_id] = [(n, out[i, n]) for n, _ in frontier[r.request_id]]
+                frontier[r.request_id] = [(n, out[i, n]) for n in leaves[r.request_id]]
         for r in active:
             toks, pars, rows = nodes[r.request_id]
-            probs = torch.stack(rows) if rows and not r.sampling.greedy else None
+            probs = torch.stack(rows) if rows else None
             trees[r.request_id] = TokenTree(tuple(toks), tuple(pars), probs)
         return [trees[r.request_id] for r in requests]
 
     def _expand(self, r: DraftRequest, depth: int, nodes: tuple[list, list, list],
-                frontier: dict[str, list]) -> None:
-        """Add the children of every frontier node; the frontier becomes those children."""
+                frontier: list[tuple[int, torch.Tensor]]) -> list[int]:
+        """Add the children of every frontier node (node, logits [V]); return the new nodes."""
         toks, pars, rows = nodes
         width = r.shape()[depth]
         new = []
-        for parent, logit in frontier[r.request_id]:
-            q = probs_from_logits(logit, r.sampling)                            # [V]
-            if r.sampling.greedy:  # top-b of the raw logits (q is one-hot)
+        for parent, logit in frontier:
+            if r.sampling.greedy:  # top-b of the logits, verified as one-hot drafts
                 children = logit.topk(width).indices.tolist()
             else:
+                q = probs_from_logits(logit, r.sampling)                        # [V]
                 children = torch.multinomial(q, width, replacement=True,
                                              generator=self.slots.generator(r.request_id)).tolist()
+                rows.extend([q] * width)
             for tok in children:
                 toks.append(int(tok))
                 pars.append(parent)
-                rows.append(q)
-                new.append((len(toks) - 1, None))
-        frontier[r.request_id] = new
+                new.append(len(toks) - 1)
+        return new

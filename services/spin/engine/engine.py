@@ -94,10 +94,12 @@ class SpecEngine:
             while active:
                 plan = {r.request_id: (choose(r, results[r.request_id]) if choose
                                        else (r.drafter, r.k, r.branching)) for r in active}
-                trees = self._draft(active, results, plan)
+                contexts = {r.request_id: r.prompt + tuple(results[r.request_id].tokens)
+                            for r in active}
+                trees = self._draft(active, results, plan, contexts)
                 verdicts = self.verifier.verify([
-                    VerifyRequest(r.request_id, tuple(r.prompt) + tuple(results[r.request_id].tokens),
-                                  trees[r.request_id], r.sampling) for r in active])
+                    VerifyRequest(r.request_id, contexts[r.request_id], trees[r.request_id],
+                                  r.sampling) for r in active])
                 still = []
                 for r, v in zip(active, verdicts):
                     res = results[r.request_id]
@@ -116,7 +118,7 @@ class SpecEngine:
         return [results[r.request_id] for r in requests]
 
     def _draft(self, active: list[GenerationRequest], results: dict[str, GenerationResult],
-               plan: dict[str, Choice]) -> dict[str, TokenTree]:
+               plan: dict[str, Choice], contexts: dict[str, tuple[int, ...]]) -> dict[str, TokenTree]:
         trees = {r.request_id: TokenTree((), ()) for r in active}
         groups: dict[str, list[DraftRequest]] = {}
         for r in active:
@@ -125,9 +127,8 @@ class SpecEngine:
             k = min(k, room)
             if name is None or k <= 0:
                 continue
-            context = tuple(r.prompt) + tuple(results[r.request_id].tokens)
-            groups.setdefault(name, []).append(DraftRequest(r.request_id, context, k, branching,
-                                                            r.sampling))
+            groups.setdefault(name, []).append(DraftRequest(r.request_id, contexts[r.request_id], k,
+                                                            branching, r.sampling))
         for name, reqs in groups.items():
             for req, tree in zip(reqs, self.drafters[name].propose(reqs)):
                 trees[req.request_id] = tree

@@ -1,11 +1,11 @@
-# Two commands do all set-up on a fresh machine: `make demo` (the main job) and `make test`.
+# Two commands do all set-up on a fresh machine: `make serve` (the main job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SPIN := $(VENV)/bin/spin
 # CPU build of torch, installed before anything that depends on torch (else pip pulls CUDA builds).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test train report clean
+.PHONY: setup demo serve redis test train report proto clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,12 +16,22 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-## The main job: the demo family generating on held-out prompts, with per-drafter acceptance.
+## The main job: the whole system on this machine (verifier, drafters, router, redis-server).
+serve: setup
+	$(SPIN) serve
+
+## No services: the target streaming held-out prompts, with per-drafter acceptance.
 demo: setup
 	$(SPIN) demo
 
+## The service tests start their own redis-server on a loopback port (Debian package).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+redis:
+	@command -v redis-server >/dev/null || $(SUDO) apt-get install -y -q redis-server \
+		|| ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server)
+
 ## Every check. pytest's exit code 5 (no tests collected) is a failure too.
-test: setup
+test: setup redis
 	@$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
@@ -32,6 +42,11 @@ train: setup
 ## Re-measure the acceptance table and write it into models/demo/README.md.
 report: setup
 	$(SPIN) zoo report --prompts 48 --json build/zoo-report.json --readme models/demo/README.md
+
+## Regenerate the Python code of proto/spin/v1 into services/spin/v1 (committed; the tests check drift).
+proto: setup
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=services --pyi_out=services \
+		--grpc_python_out=services proto/spin/v1/*.proto
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

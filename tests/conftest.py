@@ -36,3 +36,16 @@ def drafts(family_dir: Path) -> dict[str, PreTrainedModel]:
 def draft_model(family_dir: Path) -> PreTrainedModel:
     """The smallest draft as a transformers model (the reference for the engine's drafter)."""
     return load_model(family_dir / "draft-structured")
+
+
+@pytest.fixture(scope="session")
+def serving(tmp_path_factory: pytest.TempPathFactory):
+    """The embedded deployment (verifier, one drafter per draft model, router, redis-server) as
+    real processes on loopback ports, shared by the service tests."""
+    from spin.serve import Embedded, ServeConfig
+
+    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"), max_batch=32))
+    emb.start()
+    assert emb.redis is not None, "the service tests need redis-server (make test installs it)"
+    yield emb
+    emb.stop()

@@ -13,24 +13,40 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SPIN, *args], capture_output=True, text=True, timeout=600)
 
 
-def test_generate_streams_and_reports_speed() -> None:
-    r = run("generate", "def main():", "--max-tokens", "8")
+def test_generate_streams_and_reports_speed(serving) -> None:
+    r = run("generate", "def main():", "--max-tokens", "16", "--endpoint", serving.endpoint,
+            "--speculation", "draft-code", "--k", "3")
     assert r.returncode == 0, r.stderr
-    text, _, summary = r.stdout.rpartition("\n\n[")
-    assert text.strip(), "no generated text before the summary"
-    n = int(re.match(r"(\d+) tokens in [\d.]+ s, [\d.]+ tok/s\]", summary).group(1))
-    assert 1 <= n <= 8
+    assert r.stdout.strip(), "no generated text"
+    m = re.search(r"(\d+) tokens in [\d.]+ s = [\d.]+ tokens/s .*tau ([\d.]+) tokens/step over "
+                  r"(\d+) steps .*drafters: draft-code \((\d+) steps", r.stderr)
+    assert m, r.stderr
+    n, tau, steps = int(m.group(1)), float(m.group(2)), int(m.group(3))
+    assert n == 16 or "finished: stop" in r.stderr
+    assert tau == round(n / steps, 2) and int(m.group(4)) <= steps
+    off = run("generate", "def main():", "--max-tokens", "16", "--endpoint", serving.endpoint,
+              "--speculation", "off")
+    assert off.returncode == 0 and off.stdout == r.stdout  # lossless, as the user sees it
+    assert "drafters: none" in off.stderr
 
 
-def test_bad_input_gets_a_clear_error() -> None:
-    r = run("generate", "", "--max-tokens", "8")
+def test_bad_input_gets_a_clear_error(serving) -> None:
+    r = run("generate", "", "--max-tokens", "8", "--endpoint", serving.endpoint)
     assert r.returncode == 2 and "prompt is empty" in r.stderr
     r = run("generate", "x", "--max-tokens", "0")
     assert r.returncode == 2 and "must be > 0" in r.stderr
     r = run("generate", "x", "--temperature", "-1")
     assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
-    r = run("generate", "x", "--max-tokens", "5000")
-    assert r.returncode == 2 and "context" in r.stderr
+    r = run("generate", "x", "--max-tokens", "5000", "--endpoint", serving.endpoint)
+    assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and "context" in r.stderr
+    r = run("generate", "x", "--endpoint", "127.0.0.1:9")
+    assert r.returncode == 2 and "spin serve" in r.stderr
+
+
+def test_router_rejects_a_malformed_drafter_flag() -> None:
+    r = run("router", "--verifier", "127.0.0.1:9", "--tokenizer", "models/demo/target",
+            "--drafter", "draft-code")
+    assert r.returncode == 2 and "NAME=HOST:PORT" in r.stderr
 
 
 def test_zoo_report_writes_json(tmp_path: Path) -> None:

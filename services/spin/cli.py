@@ -43,14 +43,79 @@ def _zoo_report(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .zoo.demo import generate
+    from .client import GenerateArgs, generate
 
-    try:
-        generate(args.model_dir, args.prompt, args.max_tokens, args.temperature, args.seed)
-    except ValueError as e:
-        print(f"spin generate: {e}", file=sys.stderr)
+    if not args.prompt:
+        print("spin generate: the prompt is empty", file=sys.stderr)
         return 2
+    return generate(GenerateArgs(args.prompt, args.endpoint, args.max_tokens, args.temperature,
+                                 args.top_p, args.top_k, args.seed, args.speculation, args.k,
+                                 tuple(args.stop)))
+
+
+def _server_config(args: argparse.Namespace):
+    from .rpc.serving import ServerConfig
+
+    return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                        grace_s=args.grace)
+
+
+def _threads(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def _verifier(args: argparse.Namespace) -> int:
+    from .verifier.server import run
+
+    _threads(args)
+    run(str(args.model), _server_config(args), slots=args.slots)
     return 0
+
+
+def _drafter(args: argparse.Namespace) -> int:
+    from .drafter.server import run
+
+    _threads(args)
+    run(str(args.model), args.name, _server_config(args), slots=args.slots)
+    return 0
+
+
+def _router(args: argparse.Namespace) -> int:
+    from .router.scheduler import SchedulerConfig
+    from .router.server import RouterConfig, run
+
+    drafters = {}
+    for spec in args.drafter:
+        name, sep, addr = spec.partition("=")
+        if not sep or not name or not addr:
+            print(f"spin router: --drafter wants NAME=HOST:PORT, got {spec!r}", file=sys.stderr)
+            return 2
+        drafters[name] = addr
+    default = None if args.default_drafter in ("", "none", "off") else args.default_drafter
+    if default is not None and default != "prompt-lookup" and default not in drafters:
+        print(f"spin router: --default-drafter {default!r} is not one of the drafters "
+              f"{sorted(drafters) + ['prompt-lookup']}", file=sys.stderr)
+        return 2
+    run(RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
+                     args.redis_url, SchedulerConfig(max_batch=args.max_batch,
+                                                     max_queue=args.max_queue,
+                                                     draft_timeout_s=args.draft_timeout)),
+        _server_config(args))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import ServeConfig, serve
+
+    return serve(ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
+                             metrics_port=args.metrics_port,
+                             drafters=args.drafters.split(",") if args.drafters else None,
+                             default_drafter=args.default_drafter, default_k=args.default_k,
+                             max_batch=args.max_batch, max_queue=args.max_queue,
+                             redis=not args.no_redis))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -73,14 +138,45 @@ def _bench_engine(args: argparse.Namespace) -> int:
               f"= {row['spec_best_tok_s'] / alone:.2f}x alone, "
               f"{row['spec_best_tok_s'] / row['hf_generate_tok_s']:.2f}x HF generate, "
               f"{row['spec_best_tok_s'] / row['hf_assisted_best_tok_s']:.2f}x HF assisted")
+        for name, best in row["spec_by_drafter"].items():
+            print(f"         {name:17s} best k={best['k']} {best['tok_s']:7.1f} tok/s "
+                  f"({best['tok_s'] / alone:.2f}x alone), tau {best['tau']:.2f}, "
+                  f"efficiency {best['efficiency']:.2f}")
     for b, row in report["batch"].items():
         print(f"batch {b:>2s}: spec off {row['spec_off_tok_s']:7.1f} tok/s, on "
-              f"{row['spec_on_tok_s']:7.1f} tok/s ({row['spec_on_tok_s'] / row['spec_off_tok_s']:.2f}x)")
+              f"{row['spec_on_tok_s']:7.1f} tok/s ({row['spec_on_tok_s'] / row['spec_off_tok_s']:.2f}x), "
+              f"tau {row['tau']:.2f}, efficiency {row['efficiency']:.2f} "
+              "(each request with its domain's best drafter and k)")
     print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
         print(f"wrote {args.json}")
     return 0 if report["lossless"] else 1
+
+
+def _bench_services(args: argparse.Namespace) -> int:
+    from .bench.services import ServicesBenchConfig, run_services_bench
+
+    r = run_services_bench(ServicesBenchConfig(family_dir=args.family_dir, drafter=args.drafter,
+                                               k=args.k, prompts=args.prompts))
+    t = r["tok_s"]
+    print(f"{r['drafter']} k={r['k']}, {r['prompts']} prompts x {r['new_tokens']} tokens, "
+          f"tau {r['tau']:.2f}")
+    print(f"speculation on : in process {t['inproc_on']:7.1f} tok/s | services {t['rpc_on']:7.1f} "
+          f"tok/s = {r['ratio_services_vs_inprocess']:.2f}x "
+          f"(median per prompt {r['ratio_median_per_prompt']:.2f}x)")
+    print(f"speculation off: in process {t['inproc_off']:7.1f} tok/s | services "
+          f"{t['rpc_off']:7.1f} tok/s = {r['ratio_services_vs_inprocess_off']:.2f}x")
+    for label, st in (("on", r["router_step_ms"]), ("off", r["router_step_ms_off"])):
+        print(f"router step, speculation {label:3s} (mean of {st['steps']}): {st['step']:.2f} ms = "
+              f"draft wait {st['draft_wait']:.2f} + verify wait {st['verify_wait']:.2f} "
+              f"(+ bookkeeping); RPC overhead {st['rpc_overhead']:.2f} ms per step")
+    print(f"in-process step with speculation: {r['inprocess_step_ms']:.2f} ms; "
+          f"lossless: {r['lossless']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+        print(f"wrote {args.json}")
+    return 0 if r["lossless"] else 1
 
 
 def _positive(kind: type) -> callable:
@@ -118,13 +214,64 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--readme", help="replace the report section of this README")
     report.set_defaults(func=_zoo_report)
 
-    gen = sub.add_parser("generate", help="stream a generation from one model")
+    gen = sub.add_parser("generate", help="stream one completion from a running router")
     gen.add_argument("prompt")
-    gen.add_argument("--model-dir", type=Path, default=FAMILY_DIR / "target")
+    gen.add_argument("--endpoint", default="127.0.0.1:50051", help="the router (host:port)")
     gen.add_argument("--max-tokens", type=_positive(int), default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int)
+    gen.add_argument("--speculation", default="auto",
+                     help="auto (the router's policy), off, or a drafter name")
+    gen.add_argument("--k", type=int, default=0, help="k for a named drafter (0 = router's)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.set_defaults(func=_generate)
+
+    def service(name: str, help: str, port: int, metrics_port: int | None) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
+        sp.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 in a container)")
+        sp.add_argument("--port", type=int, default=port, help="gRPC port (0 = a free one)")
+        sp.add_argument("--metrics-port", type=int, default=metrics_port,
+                        help="Prometheus port (0 = a free one; default: none)")
+        sp.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+        return sp
+
+    for role, port in (("verifier", 50061), ("drafter", 50071)):
+        sp = service(role, f"the {role} service ({'target' if role == 'verifier' else 'draft'} "
+                     "model)", port, None)
+        sp.add_argument("--model", type=Path, required=True, help="checkpoint directory")
+        sp.add_argument("--slots", type=_positive(int), default=64, help="KV cache slots")
+        sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+        if role == "drafter":
+            sp.add_argument("--name", help="drafter name (default: the directory name)")
+        sp.set_defaults(func=_verifier if role == "verifier" else _drafter)
+
+    rt = service("router", "the client-facing router", 50051, None)
+    rt.add_argument("--verifier", required=True, help="verifier address host:port")
+    rt.add_argument("--tokenizer", type=Path, required=True, help="the target's model directory")
+    rt.add_argument("--drafter", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
+    rt.add_argument("--default-drafter", default="prompt-lookup",
+                    help="drafter of requests in mode auto ('none' = no speculation)")
+    rt.add_argument("--default-k", type=_positive(int), default=4)
+    rt.add_argument("--max-batch", type=_positive(int), default=32)
+    rt.add_argument("--max-queue", type=_positive(int), default=256)
+    rt.add_argument("--draft-timeout", type=_positive(float), default=5.0)
+    rt.add_argument("--redis-url", help="acceptance statistics (default: in process)")
+    rt.set_defaults(func=_router)
+
+    sv = sub.add_parser("serve", help="the whole system on this machine (the embedded default)")
+    sv.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=50051)
+    sv.add_argument("--metrics-port", type=int, default=0)
+    sv.add_argument("--drafters", help="comma-separated draft models (default: all)")
+    sv.add_argument("--default-drafter", default="prompt-lookup")
+    sv.add_argument("--default-k", type=_positive(int), default=4)
+    sv.add_argument("--max-batch", type=_positive(int), default=32)
+    sv.add_argument("--max-queue", type=_positive(int), default=256)
+    sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -133,6 +280,14 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--json", help="write the report as JSON to this file")
     be.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     be.set_defaults(func=_bench_engine)
+
+    bs = bsub.add_parser("services", help="the engine in process vs through the gRPC services")
+    bs.add_argument("--drafter", default="draft-code")
+    bs.add_argument("--k", type=_positive(int), default=4)
+    bs.add_argument("--prompts", type=_positive(int), default=6)
+    bs.add_argument("--json", help="write the report as JSON to this file")
+    bs.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bs.set_defaults(func=_bench_services)
 
     demo = sub.add_parser("demo", help="the family on held-out prompts, with per-drafter acceptance")
     demo.add_argument("--family-dir", type=Path, default=FAMILY_DIR)

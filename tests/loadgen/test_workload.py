@@ -46,7 +46,7 @@ def test_workload_is_seeded_and_mixed() -> None:
 
 
 def test_cli_summary_and_errors() -> None:
-    ok = subprocess.run([sys.executable, "-m", "loadgen", "--num-prompts", "9", "--rate", "3"],
+    ok = subprocess.run([sys.executable, "-m", "loadgen", "--num-prompts", "9", "--rate", "3", "--dry-run"],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.startswith("9 requests over")
     bad = subprocess.run([sys.executable, "-m", "loadgen", "--num-prompts", "0"],

@@ -95,7 +95,6 @@ class ModelDrafter:
         """The item that feeds what the slot lacks of the context (at least the last token,
         whose logits draft the first level)."""
         slot, common = self.slots.sync(r.request_id, r.context, r.sampling.seed)
-        self.slots.hold(r.request_id, list(r.context))
         return ForwardItem(slot, tuple(r.context[common:]))
 
     @torch.inference_mode()
@@ -105,12 +104,13 @@ class ModelDrafter:
         if not active:
             return [trees[r.request_id] for r in requests]
         items = [self._catch_up_item(r) for r in active]
-        logits = self.runner.forward(items)                                     # [B, Lq, V]
-        last = logits[torch.arange(len(items)), [len(it.tokens) - 1 for it in items]]  # [B, V]
+        last = self.runner.forward(items, last_only=True)[:, 0]                # [B, V]
         for r, it in zip(active, items):
             self.runner.cache.commit(it.slot, len(r.context))
         nodes = {r.request_id: ([], [], []) for r in active}  # tokens, parents, prob rows (sampling)
         frontier = {r.request_id: [(-1, last[i])] for i, r in enumerate(active)}  # (node, logits)
+        held = {r.request_id: list(r.context) for r in active}
+        chain = {r.request_id: not r.branching or max(r.branching) <= 1 for r in active}
         leaves: dict[str, list[int]] = {}
         for depth in range(max(r.k for r in active)):
             for r in active:
@@ -120,12 +120,26 @@ class ModelDrafter:
             level = [r for r in active if depth + 1 < r.k and leaves[r.request_id]]
             if not level:
                 break
-            out = self.runner.forward([ForwardItem(self.slots.slot(r.request_id),
-                                                   tuple(nodes[r.request_id][0]),
-                                                   tuple(nodes[r.request_id][1])) for r in level])
+            # A chain feeds only its new leaf and keeps it (a drafted token sits at the position
+            # it would have in the context, so the next step reuses it when it is accepted); a
+            # tree re-feeds all its nodes with their tree mask and keeps none.
+            out = self.runner.forward(
+                [ForwardItem(self.slots.slot(r.request_id), (nodes[r.request_id][0][-1],))
+                 if chain[r.request_id] else
+                 ForwardItem(self.slots.slot(r.request_id), tuple(nodes[r.request_id][0]),
+                             tuple(nodes[r.request_id][1])) for r in level],
+                last_only=all(chain[r.request_id] for r in level))
             for i, r in enumerate(level):  # logits at the new leaves drive the next level
-                frontier[r.request_id] = [(n, out[i, n]) for n in leaves[r.request_id]]
+                rid = r.request_id
+                if chain[rid]:
+                    slot = self.slots.slot(rid)
+                    self.runner.cache.commit(slot, self.runner.cache.lengths[slot] + 1)
+                    held[rid].append(nodes[rid][0][-1])
+                    frontier[rid] = [(leaves[rid][0], out[i, 0])]
+                else:
+                    frontier[rid] = [(n, out[i, n]) for n in leaves[rid]]
         for r in active:
+            self.slots.hold(r.request_id, held[r.request_id])
             toks, pars, rows = nodes[r.request_id]
             probs = torch.stack(rows) if rows else None
             trees[r.request_id] = TokenTree(tuple(toks), tuple(pars), probs)

@@ -9,6 +9,7 @@ batch as they finish (max_tokens or EOS), freeing their caches.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,25 @@ class GenerationResult:
         return len(self.tokens) / self.steps if self.steps else 0.0
 
 
+@dataclass
+class StepTimes:
+    """Where an engine's time went, summed over its steps (wall seconds)."""
+
+    steps: int = 0
+    """Batch steps run (one verification forward each)."""
+    draft_s: float = 0.0
+    """Drafting (every drafter of the step, catch-up included)."""
+    verify_s: float = 0.0
+    """Verification: the target forward, the acceptance rule and the cache commit."""
+    total_s: float = 0.0
+    """Whole steps, engine bookkeeping included."""
+
+    @property
+    def verify_share(self) -> float:
+        """verify_s / total_s: the bench's efficiency (tau x verify steps/s over achieved)."""
+        return self.verify_s / self.total_s if self.total_s else 0.0
+
+
 Choice = tuple[str | None, int, tuple[int, ...]]
 """(drafter name or None, k, branching) for one request and step."""
 
@@ -73,6 +93,7 @@ class SpecEngine:
         self.verifier = verifier
         self.drafters = drafters
         self.eos_id = eos_id
+        self.times = StepTimes()
 
     def generate(self, requests: list[GenerationRequest],
                  choose: Callable[[GenerationRequest, GenerationResult], Choice] | None = None,
@@ -92,14 +113,17 @@ class SpecEngine:
         active = list(requests)
         try:
             while active:
+                t0 = time.perf_counter()
                 plan = {r.request_id: (choose(r, results[r.request_id]) if choose
                                        else (r.drafter, r.k, r.branching)) for r in active}
                 contexts = {r.request_id: r.prompt + tuple(results[r.request_id].tokens)
                             for r in active}
                 trees = self._draft(active, results, plan, contexts)
+                t1 = time.perf_counter()
                 verdicts = self.verifier.verify([
                     VerifyRequest(r.request_id, contexts[r.request_id], trees[r.request_id],
                                   r.sampling) for r in active])
+                t2 = time.perf_counter()
                 still = []
                 for r, v in zip(active, verdicts):
                     res = results[r.request_id]
@@ -112,6 +136,10 @@ class SpecEngine:
                     else:
                         self._release(r.request_id)
                 active = still
+                self.times.steps += 1
+                self.times.draft_s += t1 - t0
+                self.times.verify_s += t2 - t1
+                self.times.total_s += time.perf_counter() - t0
         finally:
             for r in active:
                 self._release(r.request_id)

@@ -79,6 +79,7 @@ class ModelRunner:
         self.lm_head = hf.lm_head.weight
         self.rotary = base.rotary_emb
         self.layers = [self._layer(layer) for layer in base.layers]
+        self._iota = torch.arange(self.max_len + 1, device=self.device)  # sliced, never rebuilt
         self.cache = KVCache(len(self.layers), num_slots, self.kv_heads, self.max_len,
                              self.head_dim, dtype, device)
 
@@ -109,42 +110,53 @@ class ModelRunner:
         b = len(items)
         sizes = [len(it.tokens) for it in items]
         lq = max(sizes)
-        dev = self.device
-        ctx = torch.tensor([self.cache.lengths[it.slot] for it in items], device=dev)  # [B]
-        n = torch.tensor(sizes, device=dev)                                           # [B]
-        if int((ctx + n).max()) > self.max_len:
+        ctx_list = [self.cache.lengths[it.slot] for it in items]
+        lk = max(c + n for c, n in zip(ctx_list, sizes))
+        if lk > self.max_len:
             raise ValueError(f"context would exceed {self.max_len} tokens")
-        tokens = torch.zeros(b, lq, dtype=torch.long, device=dev)                     # [B, Lq]
-        parents = torch.full((b, lq), -1, dtype=torch.long, device=dev)               # [B, Lq]
-        for i, it in enumerate(items):
-            tokens[i, :sizes[i]] = torch.tensor(it.tokens, device=dev)
-            tree = it.parents if it.parents is not None else range(-1, sizes[i] - 1)
-            parents[i, :sizes[i]] = torch.tensor(tree, device=dev)
-        valid = torch.arange(lq, device=dev)[None, :] < n[:, None]                    # [B, Lq]
-        if all(it.parents is None for it in items):  # chains: causal mask, depth = index + 1
-            anc = torch.ones(lq, lq, dtype=torch.bool, device=dev).tril().expand(b, lq, lq)
-            depth = torch.arange(1, lq + 1, device=dev).expand(b, lq)
+        dev, iota = self.device, self._iota
+        pad = [lq - n for n in sizes]
+        tokens = torch.tensor([list(it.tokens) + [0] * p for it, p in zip(items, pad)],
+                              device=dev)                                             # [B, Lq]
+        ctx = torch.tensor(ctx_list, device=dev)                                      # [B]
+        n = torch.tensor(sizes, device=dev)                                           # [B]
+        valid = iota[None, :lq] < n[:, None]                                          # [B, Lq]
+        chains = all(it.parents is None for it in items)
+        if chains:  # causal mask, depth = index + 1
+            depth = iota[None, 1:lq + 1].expand(b, lq)
         else:
+            parents = torch.tensor([list(it.parents if it.parents is not None
+                                         else range(-1, len(it.tokens) - 1)) + [-1] * p
+                                    for it, p in zip(items, pad)], device=dev)        # [B, Lq]
             anc, depth = _ancestors(parents)
         positions = ctx[:, None] + depth - 1                                          # [B, Lq]
-        lk = int((ctx + n).max())
-        rel = torch.arange(lk, device=dev)[None, None, :] - ctx[:, None, None]        # [B, 1, Lk]
-        in_tree = (rel >= 0) & (rel < n[:, None, None])
-        tree_part = anc.gather(2, rel.clamp(0, lq - 1).expand(b, lq, lk)) & in_tree   # [B, Lq, Lk]
+        out = {"tokens": tokens, "valid": valid, "positions": positions, "ctx": ctx, "mask": None}
+        if lq == 1 and b == 1:  # one new token sees the whole context: no mask needed
+            return out, lk
+        rel = iota[None, None, :lk] - ctx[:, None, None]                              # [B, 1, Lk]
+        if chains:
+            tree_part = (rel <= iota[None, :lq, None]) & (rel < n[:, None, None])     # [B, Lq, Lk]
+        else:
+            in_tree = (rel >= 0) & (rel < n[:, None, None])
+            tree_part = anc.gather(2, rel.clamp(0, lq - 1).expand(b, lq, lk)) & in_tree
         mask = (rel < 0) | tree_part
-        mask = mask | (~valid[:, :, None] & (torch.arange(lk, device=dev) == 0))      # pad rows
-        return {"tokens": tokens, "valid": valid, "positions": positions, "ctx": ctx,
-                "mask": mask[:, None]}, lk
+        mask = mask | (~valid[:, :, None] & (iota[:lk] == 0))                         # pad rows
+        out["mask"] = mask[:, None]                                                   # [B, 1, Lq, Lk]
+        return out, lk
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Logits [B, Lq, V] of every new token (rows past an item's length are padding)."""
+    def forward(self, items: list[ForwardItem], last_only: bool = False) -> torch.Tensor:
+        """Logits [B, Lq, V] of every new token (rows past an item's length are padding), or with
+        ``last_only`` [B, 1, V] of each item's last token (all a chain drafter needs)."""
         lay, lk = self._layout(items)
         b, lq = lay["tokens"].shape
-        slots = torch.tensor([it.slot for it in items], device=self.device)           # [B]
-        write_pos = lay["ctx"][:, None] + torch.arange(lq, device=self.device)         # [B, Lq]
-        vb, vi = lay["valid"].nonzero(as_tuple=True)                                  # [T], [T]
-        w_slot, w_pos = slots[vb], write_pos[vb, vi]                                  # [T], [T]
+        single = b == 1  # one request: its cache rows are a view, its writes a slice
+        slot0, start = items[0].slot, self.cache.lengths[items[0].slot]
+        if not single:
+            slots = torch.tensor([it.slot for it in items], device=self.device)       # [B]
+            write_pos = lay["ctx"][:, None] + self._iota[None, :lq]                   # [B, Lq]
+            vb, vi = lay["valid"].nonzero(as_tuple=True)                              # [T], [T]
+            w_slot, w_pos = slots[vb], write_pos[vb, vi]                              # [T], [T]
         x = F.embedding(lay["tokens"], self.embed)                                    # [B, Lq, D]
         cos, sin = self.rotary(x, lay["positions"])                                   # [B, Lq, hd]
         cos, sin = cos[:, None], sin[:, None]
@@ -154,14 +166,22 @@ class ModelRunner:
             q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)     # [B, *, Lq, hd]
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             ck, cv = self.cache.k[li], self.cache.v[li]                               # [S, KVH, L, hd]
-            ck[w_slot, :, w_pos] = k[vb, :, vi]
-            cv[w_slot, :, w_pos] = v[vb, :, vi]
-            keys, values = ck[slots, :, :lk], cv[slots, :, :lk]                       # [B, KVH, Lk, hd]
+            if single:
+                ck[slot0, :, start:start + lq] = k[0]
+                cv[slot0, :, start:start + lq] = v[0]
+                keys, values = ck[slot0:slot0 + 1, :, :lk], cv[slot0:slot0 + 1, :, :lk]
+            else:
+                ck[w_slot, :, w_pos] = k[vb, :, vi]
+                cv[w_slot, :, w_pos] = v[vb, :, vi]
+                keys, values = ck[slots, :, :lk], cv[slots, :, :lk]                   # [B, KVH, Lk, hd]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=lay["mask"],
                                                   enable_gqa=self.kv_heads != self.heads)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
             gate, up = F.linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w.down)
+        if last_only:
+            last = torch.tensor([len(it.tokens) - 1 for it in items], device=self.device)
+            x = x[torch.arange(b, device=self.device), last][:, None]                 # [B, 1, D]
         return F.linear(self._rms(x, self.norm), self.lm_head)                        # [B, Lq, V]
 
 

@@ -1,14 +1,13 @@
-"""``spin generate`` and ``spin demo``: the demo family generating text on this machine.
+"""``spin demo``: the demo family generating text in this process, no services needed.
 
-Until the serving engine lands these run the target directly (greedy or sampled, streamed token by
-token), and the demo shows for each held-out prompt how many tokens per step each drafter would
-have had accepted — the selection problem the SPIN policy solves.
+The target streams a continuation of one held-out prompt per domain (greedy or sampled, token by
+token), then the demo shows how many tokens per step each drafter would have had accepted: the
+selection problem the SPIN policy solves. ``spin serve`` + ``spin generate`` do it for real.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -61,23 +60,6 @@ def stream_text(tok: PreTrainedTokenizerBase, ids: Iterator[int]) -> Iterator[st
         if not text.endswith("\ufffd") and len(text) > len(shown):
             yield text[len(shown):]
             shown = text
-
-
-def generate(model_dir: Path, prompt: str, max_tokens: int, temperature: float, seed: int | None,
-             out: TextIO = sys.stdout) -> list[int]:
-    """Stream a generation to ``out``; print tokens/s; return the generated ids."""
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = load_model(model_dir)
-    ids: list[int] = []
-    start = time.perf_counter()
-    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    stream = stream_tokens(model, prompt_ids, max_tokens, temperature, seed, tok.eos_token_id)
-    for delta in stream_text(tok, _collect(stream, ids)):
-        out.write(delta)
-        out.flush()
-    elapsed = time.perf_counter() - start
-    out.write(f"\n\n[{len(ids)} tokens in {elapsed:.2f} s, {len(ids) / elapsed:.1f} tok/s]\n")
-    return ids
 
 
 def demo(family_dir: Path, max_tokens: int = 96, k: int = 4, out: TextIO = sys.stdout) -> None:

@@ -1,0 +1,84 @@
+"""``spin generate``: stream one completion from a running router, then its speed and speculation."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import grpc
+
+from .v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
+
+
+@dataclass
+class GenerateArgs:
+    """One generation request from the command line."""
+
+    prompt: str
+    endpoint: str = "127.0.0.1:50051"
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int = 0
+    seed: int | None = None
+    speculation: str = "auto"
+    """auto, off, or a drafter name."""
+    k: int = 0
+    """k for a named drafter (0 = the router's)."""
+    stop: tuple[str, ...] = ()
+    timeout_s: float = 300.0
+
+
+def build_request(a: GenerateArgs) -> generation_pb2.GenerateRequest:
+    sampling = sampling_pb2.SamplingParams(temperature=a.temperature, top_k=a.top_k)
+    if a.top_p is not None:
+        sampling.top_p = a.top_p
+    if a.seed is not None:
+        sampling.seed = a.seed
+    if a.speculation == "auto":
+        spec = generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_AUTO)
+    elif a.speculation == "off":
+        spec = generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_OFF)
+    else:
+        spec = generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_DRAFTER,
+                                          drafter=a.speculation, k=a.k)
+    return generation_pb2.GenerateRequest(prompt=a.prompt, max_tokens=a.max_tokens,
+                                          sampling=sampling, stop=a.stop, speculation=spec)
+
+
+def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Stream to ``out``; summary to ``err``. Exit code: 0, 2 bad request, 1 other errors."""
+    with grpc.insecure_channel(a.endpoint) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=10)
+        except grpc.FutureTimeoutError:
+            print(f"spin generate: cannot reach the router at {a.endpoint}; start it with "
+                  "`spin serve`", file=err)
+            return 2
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        start = time.perf_counter()
+        first = None
+        last = None
+        try:
+            for msg in stub.Generate(build_request(a), timeout=a.timeout_s):
+                if msg.token_ids and first is None:
+                    first = time.perf_counter()
+                out.write(msg.text)
+                out.flush()
+                last = msg
+        except grpc.RpcError as e:
+            print(f"\nspin generate: {e.code().name}: {e.details()}", file=err)
+            return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+    elapsed = time.perf_counter() - start
+    s, u = last.speculation, last.usage
+    drafters = ", ".join(f"{d.drafter} ({d.steps} steps, {d.accepted_tokens}/{d.draft_tokens} "
+                         f"accepted)" for d in s.drafters) or "none"
+    reason = generation_pb2.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_")
+    print(f"\n\n{u.completion_tokens} tokens in {elapsed:.2f} s = "
+          f"{u.completion_tokens / elapsed:.1f} tokens/s (first token after "
+          f"{((first or start) - start) * 1000:.0f} ms); tau {s.tau:.2f} tokens/step over "
+          f"{s.steps} steps ({s.steps_without_speculation} without speculation); drafters: "
+          f"{drafters}; finished: {reason.lower()}", file=err)
+    return 0

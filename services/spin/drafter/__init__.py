@@ -1,0 +1,1 @@
+"""The draft-model service (``spin drafter --model PATH``)."""

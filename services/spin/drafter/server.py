@@ -1,0 +1,120 @@
+"""``spin drafter``: one draft model behind ``spin.v1.Drafter``.
+
+The router streams batches of draft tasks; each task carries only the context delta since the
+router last synced this request with this drafter. Compute runs on one worker thread (the event loop
+stays free for health checks and other streams); batches from several routers are serialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from ..engine.drafter import DraftRequest, ModelDrafter
+from ..engine.model_runner import ModelRunner
+from ..engine.tree import TokenTree
+from ..obs import metrics
+from ..rpc.contexts import ContextBook
+from ..rpc.convert import sampling_from_proto, tree_to_proto
+from ..rpc.serving import ServerConfig, announce, serve
+from ..v1 import drafter_pb2, drafter_pb2_grpc, model_info_pb2
+
+log = logging.getLogger(__name__)
+
+
+class DrafterService(drafter_pb2_grpc.DrafterServicer):
+    """A ``ModelDrafter`` with per-request contexts."""
+
+    def __init__(self, name: str, model_path: str | Path, slots: int = 64,
+                 max_context: int | None = None) -> None:
+        self.name = name
+        self.model_path = str(model_path)
+        self.drafter = ModelDrafter(name, ModelRunner(model_path, num_slots=slots, max_len=max_context))
+        self.book = ContextBook()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
+
+    def info(self) -> model_info_pb2.ModelInfo:
+        runner = self.drafter.runner
+        return model_info_pb2.ModelInfo(name=self.name, model_path=self.model_path,
+                                        vocab_size=runner.vocab_size, max_context=runner.max_len,
+                                        max_requests=runner.cache.num_slots)
+
+    async def GetDrafterInfo(self, request, context) -> drafter_pb2.GetDrafterInfoResponse:
+        return drafter_pb2.GetDrafterInfoResponse(info=self.info())
+
+    async def Speculate(self, request_iterator: AsyncIterator[drafter_pb2.SpeculateRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[drafter_pb2.SpeculateResponse]:
+        loop = asyncio.get_running_loop()
+        async for batch in request_iterator:
+            yield await loop.run_in_executor(self._pool, self.run_batch, batch)
+
+    def run_batch(self, batch: drafter_pb2.SpeculateRequest) -> drafter_pb2.SpeculateResponse:
+        """Release, sync contexts, draft; one result per task, in task order."""
+        start = time.perf_counter()
+        for rid in batch.release:
+            self.book.release(rid)
+            self.drafter.release(rid)
+        results: list[drafter_pb2.DraftResult] = []
+        work: list[tuple[int, DraftRequest]] = []
+        runner = self.drafter.runner
+        free = runner.cache.free_slots
+        for task in batch.tasks:
+            results.append(drafter_pb2.DraftResult(request_id=task.request_id))
+            ctx = self.book.apply(task.request_id, task.keep, task.context_delta)
+            if ctx is None:
+                results[-1].resync = True
+                metrics.SERVICE_RESYNCS.labels("drafter", self.name).inc()
+                continue
+            try:
+                sampling = sampling_from_proto(task.sampling)
+            except ValueError as e:
+                log.warning("%s: bad sampling parameters: %s", task.request_id, e)
+                continue
+            if not ctx or any(b <= 0 for b in task.branching):
+                continue
+            k = task.k  # as deep as the cache has room for every node of the tree
+            while k > 0 and len(ctx) + _tree_size(tuple(task.branching), k) > runner.max_len:
+                k -= 1
+            if k <= 0:
+                continue
+            if task.request_id not in self.drafter.slots:
+                if free == 0:  # no cache slot: no draft for this one this step
+                    continue
+                free -= 1
+            work.append((len(results) - 1, DraftRequest(task.request_id, ctx, k,
+                                                        tuple(task.branching), sampling)))
+        if work:
+            trees: list[TokenTree] = self.drafter.propose([r for _, r in work])
+            for (i, _), tree in zip(work, trees):
+                results[i].tree.CopyFrom(tree_to_proto(tree))
+        seconds = time.perf_counter() - start
+        metrics.SERVICE_BATCH_SECONDS.labels("drafter", self.name).observe(seconds)
+        metrics.SERVICE_BATCH_REQUESTS.labels("drafter", self.name).observe(len(batch.tasks))
+        metrics.KV_CACHE_USAGE.labels("drafter", self.name).set(
+            1 - runner.cache.free_slots / runner.cache.num_slots)
+        return drafter_pb2.SpeculateResponse(batch_id=batch.batch_id, results=results,
+                                              draft_seconds=seconds)
+
+
+def _tree_size(branching: tuple[int, ...], k: int) -> int:
+    """Nodes of a tree k levels deep with ``branching[d]`` children per node at depth d."""
+    size, width = 0, 1
+    for d in range(k):
+        width *= branching[d] if d < len(branching) else 1
+        size += width
+    return size
+
+
+def run(model: str, name: str | None, cfg: ServerConfig, slots: int = 64) -> None:
+    """Load the model, then serve until SIGTERM."""
+    name = name or Path(model).name
+    service = DrafterService(name, model, slots=slots)
+    cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
+    asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),
+                      on_ready=announce(f"drafter {name}")))

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics (and, with the deployment issue, OpenTelemetry tracing)."""

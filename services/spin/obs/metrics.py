@@ -1,0 +1,96 @@
+"""Prometheus metrics of the SPIN services, with vLLM's names and semantics plus ``draft_model``.
+
+Every speculative-decoding counter carries ``draft_model`` (the drafter's name, e.g. ``draft-code``
+or ``prompt-lookup``), which no other serving system exports. Useful queries:
+
+- acceptance rate per drafter::
+
+    sum by (draft_model) (rate(spin:spec_decode_num_accepted_tokens_total[5m]))
+      / sum by (draft_model) (rate(spin:spec_decode_num_draft_tokens_total[5m]))
+
+- mean acceptance length (tau, vLLM's definition: includes the bonus token)::
+
+    1 + sum by (draft_model) (rate(spin:spec_decode_num_accepted_tokens_total[5m]))
+      / sum by (draft_model) (rate(spin:spec_decode_num_drafts_total[5m]))
+
+- acceptance at position 3::
+
+    rate(spin:spec_decode_num_accepted_tokens_per_pos_total{position="3"}[5m])
+      / rate(spin:spec_decode_num_drafts_total[5m])
+
+- p99 TTFT: ``histogram_quantile(0.99, sum by (le) (rate(spin:time_to_first_token_seconds_bucket[5m])))``
+- speculation-off share of steps: ``rate(spin:spec_decode_steps_total{draft_model=""}[5m])
+  / rate(spin:spec_decode_steps_total[5m])``
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+            10.0, 20.0, 40.0, 80.0)
+_STEP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+# ---- router: requests (vLLM names) -------------------------------------------------------------
+REQUESTS_RUNNING = Gauge("spin:num_requests_running", "Requests in the decoding batch.")
+REQUESTS_WAITING = Gauge("spin:num_requests_waiting", "Requests admitted and waiting for a slot.")
+REQUEST_SUCCESS = Counter("spin:request_success", "Finished requests by finish reason.",
+                          ["finished_reason"])
+REQUEST_ERRORS = Counter("spin:request_errors", "Requests ended with an error, by gRPC status.",
+                         ["code"])
+PROMPT_TOKENS = Counter("spin:prompt_tokens", "Prompt tokens of admitted requests.")
+GENERATION_TOKENS = Counter("spin:generation_tokens", "Tokens generated (streamed to clients).")
+TTFT = Histogram("spin:time_to_first_token_seconds", "Arrival to first streamed token.",
+                 buckets=_LATENCY)
+TPOT = Histogram("spin:time_per_output_token_seconds",
+                 "(E2E - TTFT) / (output tokens - 1) per request.", buckets=_LATENCY)
+ITL = Histogram("spin:inter_token_latency_seconds",
+                "Gap between successive streamed token groups (a group is one step's tokens).",
+                buckets=_LATENCY)
+E2E = Histogram("spin:e2e_request_latency_seconds", "Arrival to last token.", buckets=_LATENCY)
+QUEUE_TIME = Histogram("spin:request_queue_time_seconds", "Arrival to first scheduled step.",
+                       buckets=_LATENCY)
+
+# ---- router: speculative decoding (vLLM names + draft_model) -----------------------------------
+SPEC_DRAFTS = Counter("spin:spec_decode_num_drafts", "Verification steps that carried a draft.",
+                      ["draft_model"])
+SPEC_DRAFT_TOKENS = Counter("spin:spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                            ["draft_model"])
+SPEC_ACCEPTED = Counter("spin:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                        ["draft_model"])
+SPEC_ACCEPTED_POS = Counter("spin:spec_decode_num_accepted_tokens_per_pos",
+                            "Accepted draft tokens by position (1 = first drafted token).",
+                            ["draft_model", "position"])
+SPEC_STEPS = Counter("spin:spec_decode_steps",
+                     "Request-steps by drafter ('' = no speculation, k = 0).", ["draft_model"])
+SPEC_K = Histogram("spin:spec_decode_k", "Chosen speculation length per request-step.",
+                   ["draft_model"], buckets=(0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16))
+DRAFTER_FAILURES = Counter("spin:drafter_failures",
+                           "Draft calls that failed (the requests went on without that drafter).",
+                           ["draft_model"])
+DRAFTER_UP = Gauge("spin:drafter_up", "1 when the router's stream to the drafter works.",
+                   ["draft_model"])
+STEP_SECONDS = Histogram("spin:step_seconds", "Router step: draft + verify + bookkeeping.",
+                         buckets=_STEP)
+STEP_DRAFT_SECONDS = Histogram("spin:step_draft_seconds", "Router step: waiting for drafts.",
+                               buckets=_STEP)
+STEP_VERIFY_SECONDS = Histogram("spin:step_verify_seconds", "Router step: waiting for verification.",
+                                buckets=_STEP)
+RPC_OVERHEAD_SECONDS = Histogram("spin:step_rpc_overhead_seconds",
+                                 "Step time not spent inside drafter or verifier compute.",
+                                 buckets=_STEP)
+BATCH_SIZE = Histogram("spin:batch_size", "Requests per verification step.",
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of the statistics store.")
+
+# ---- drafter and verifier processes ------------------------------------------------------------
+SERVICE_BATCH_SECONDS = Histogram("spin:service_batch_seconds",
+                                  "Compute time of one batch inside a drafter or verifier.",
+                                  ["role", "model"], buckets=_STEP)
+SERVICE_BATCH_REQUESTS = Histogram("spin:service_batch_requests", "Requests per batch.",
+                                   ["role", "model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+SERVICE_RESYNCS = Counter("spin:service_resyncs",
+                          "Tasks answered with resync (the service lacked the context).",
+                          ["role", "model"])
+KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache slots in use (0..1).",
+                       ["role", "model"])

@@ -1,0 +1,100 @@
+"""The one interface through which the router asks which drafter and k each request uses.
+
+Every step the router hands the policy a view of each running request and the set of drafters that
+are reachable now; the policy answers one ``StepChoice`` per request. After verification the router
+reports what happened (``observe``), so learning policies can update. A choice naming a drafter
+that is not available is never made: the router would have nothing to run it on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """What one request does in one step."""
+
+    drafter: str | None
+    """Drafter name; None = no speculation this step (k = 0)."""
+    k: int = 0
+    """Speculation length (tree depth)."""
+    branching: tuple[int, ...] = ()
+    """Tree shape: children per node per level; () = a chain."""
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What a policy may know about one running request."""
+
+    request_id: str
+    context_len: int
+    """Prompt + generated tokens."""
+    generated: int
+    """Tokens generated so far."""
+    remaining: int
+    """Tokens still allowed (max_tokens - generated)."""
+    greedy: bool
+    """Temperature 0."""
+    mode: Literal["auto", "off", "drafter"] = "auto"
+    """The client's speculation setting."""
+    drafter: str | None = None
+    """The client's drafter for mode 'drafter'."""
+    k: int = 0
+    """The client's k for mode 'drafter' (0 = the policy's)."""
+
+
+class Policy(Protocol):
+    def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
+        """One choice per request, in order, using only drafters in ``available``."""
+        ...
+
+    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
+                verify_s: float) -> None:
+        """The outcome of a step: ``accepted`` draft tokens; the step's draft and verify seconds."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """The request finished or was cancelled."""
+        ...
+
+
+@dataclass
+class FixedPolicy:
+    """The same drafter and k for every request that does not name its own.
+
+    A request's own drafter (mode 'drafter') wins; when the wanted drafter is down the request
+    falls back to prompt lookup (always available: it runs in the router) with the same k, or to
+    k = 0 when prompt lookup is not wanted either. Mode 'off' always gets k = 0.
+    """
+
+    drafter: str | None = PROMPT_LOOKUP
+    """Default drafter (None: no speculation unless a request asks for it)."""
+    k: int = 4
+    """Default speculation length."""
+    fallback: str | None = PROMPT_LOOKUP
+    """Used when the wanted drafter is not available (None = k = 0)."""
+
+    def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
+        out = []
+        for r in requests:
+            if r.mode == "off":
+                out.append(StepChoice(None))
+                continue
+            name = r.drafter if r.mode == "drafter" else self.drafter
+            k = (r.k or self.k) if r.mode == "drafter" else self.k
+            if name is not None and name not in available:
+                name = self.fallback if self.fallback in available else None
+            k = min(k, r.remaining - 1)
+            out.append(StepChoice(name, k) if name is not None and k > 0 else StepChoice(None))
+        return out
+
+    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
+                verify_s: float) -> None:
+        return None
+
+    def release(self, request_id: str) -> None:
+        return None

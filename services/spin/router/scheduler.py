@@ -1,0 +1,347 @@
+"""The router's decoding loop: continuous batching over drafters and the verifier.
+
+Every step: admit waiting requests (up to ``max_batch`` running), drop cancelled ones, ask the
+policy for each request's drafter and k, draft (prompt lookup here in the router, model drafters
+over their streams, concurrently), verify the whole batch in one call, stream the accepted tokens,
+record statistics. Requests join and leave between steps. A drafter that fails or stalls costs its
+requests one step without speculation (still lossless) and is retried later; finished and
+cancelled requests are released in every service that holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from ..engine.drafter import prompt_lookup
+from ..obs import metrics
+from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice
+from ..rpc.convert import sampling_to_proto
+from ..v1 import drafter_pb2, generation_pb2, token_tree_pb2, verifier_pb2
+from .clients import ServiceDown, StreamClient
+from .requests import DrafterTally, RouterRequest, TextStream
+
+log = logging.getLogger(__name__)
+VERIFIER = "verifier"
+
+
+@dataclass
+class SchedulerConfig:
+    """Batching and failure handling of the router."""
+
+    max_batch: int = 32
+    """Requests decoding at once (capped by the verifier's cache slots)."""
+    max_queue: int = 256
+    """Requests waiting beyond the batch; more are refused with RESOURCE_EXHAUSTED."""
+    draft_timeout_s: float = 5.0
+    """A drafter slower than this is treated as down for the step."""
+    verify_timeout_s: float = 120.0
+    """A verification call slower than this fails the stream (then retried)."""
+    verifier_outage_s: float = 30.0
+    """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long."""
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at ``max_queue``."""
+
+
+@dataclass
+class RequestError:
+    """Ends a client stream with a status."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, verifier: StreamClient,
+                 drafters: dict[str, StreamClient], policy: Policy,
+                 decode: Callable[[list[int]], str], eos_id: int | None, store=None) -> None:
+        self.cfg = cfg
+        self.verifier = verifier
+        self.drafters = drafters
+        self.policy = policy
+        self.decode = decode
+        self.eos_id = eos_id
+        self.store = store
+        self.waiting: collections.deque[RouterRequest] = collections.deque()
+        self.running: list[RouterRequest] = []
+        self._streams: dict[str, TextStream] = {}
+        self._release: dict[str, set[str]] = collections.defaultdict(set)
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._verifier_down_since: float | None = None
+
+    # ---- requests in and out ------------------------------------------------------------------
+    def submit(self, req: RouterRequest) -> None:
+        if len(self.waiting) >= self.cfg.max_queue:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting (limit {self.cfg.max_queue})")
+        self._streams[req.request_id] = TextStream(self.decode, req.stop)
+        self.waiting.append(req)
+        metrics.REQUESTS_WAITING.set(len(self.waiting))
+        metrics.PROMPT_TOKENS.inc(len(req.prompt))
+        self._wake.set()
+
+    def cancel(self, req: RouterRequest) -> None:
+        """The client went away (cancel or deadline): forget the request, free its caches."""
+        if req.finished:
+            return
+        req.cancelled = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            metrics.REQUESTS_WAITING.set(len(self.waiting))
+            self._streams.pop(req.request_id, None)
+        self._wake.set()
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.cfg.max_batch:
+            req = self.waiting.popleft()
+            req.scheduled_at = time.perf_counter()
+            metrics.QUEUE_TIME.observe(req.scheduled_at - req.arrival)
+            self.running.append(req)
+        metrics.REQUESTS_WAITING.set(len(self.waiting))
+        metrics.REQUESTS_RUNNING.set(len(self.running))
+
+    def _finish(self, req: RouterRequest) -> None:
+        req.finished = True
+        if req in self.running:
+            self.running.remove(req)
+        self._streams.pop(req.request_id, None)
+        for service in req.synced:
+            self._release[service].add(req.request_id)
+        self._release[VERIFIER].add(req.request_id)
+        self.policy.release(req.request_id)
+        metrics.REQUESTS_RUNNING.set(len(self.running))
+
+    def _fail(self, req: RouterRequest, code: grpc.StatusCode, message: str) -> None:
+        metrics.REQUEST_ERRORS.labels(code.name).inc()
+        req.out.put_nowait(RequestError(code, message))
+        self._finish(req)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while not self._stopping:
+            for req in [r for r in self.running if r.cancelled]:
+                self._finish(req)
+            self._admit()
+            if not self.running:
+                await self._flush_releases()
+                self._wake.clear()
+                if not self.waiting and not self._stopping:
+                    await self._wake.wait()
+                continue
+            try:
+                await self.step()
+            except Exception as e:  # a bug must not take the router down with every request
+                log.exception("step failed")
+                for req in list(self.running):
+                    self._fail(req, grpc.StatusCode.INTERNAL, f"router step failed: {e}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def step(self) -> None:
+        reqs = list(self.running)
+        t0 = time.perf_counter()
+        available = {n for n, c in self.drafters.items() if c.available} | {PROMPT_LOOKUP}
+        views = [RequestView(r.request_id, r.context_len, len(r.generated),
+                             r.max_tokens - len(r.generated), r.sampling.greedy, r.mode,
+                             r.drafter, r.k) for r in reqs]
+        choices = self.policy.choose(views, available)
+        trees, draft_s = await self._draft(reqs, choices)
+        t1 = time.perf_counter()
+        tasks = []
+        for r in reqs:
+            keep = r.synced.get(VERIFIER, 0)
+            tasks.append(verifier_pb2.VerifyTask(
+                request_id=r.request_id, keep=keep, context_delta=r.context[keep:],
+                tree=trees.get(r.request_id), sampling=sampling_to_proto(r.sampling)))
+        release = self._release.pop(VERIFIER, set())
+        try:
+            resp = await self.verifier.call(verifier_pb2.VerifyRequest(tasks=tasks, release=release),
+                                            self.cfg.verify_timeout_s)
+        except ServiceDown as e:
+            self._release[VERIFIER] |= release
+            self._verifier_outage(reqs, str(e))
+            return
+        self._verifier_down_since = None
+        t2 = time.perf_counter()
+        for r, choice, res in zip(reqs, choices, resp.results):
+            tree = trees.get(r.request_id)
+            self._apply(r, choice if tree is not None else StepChoice(None), res,
+                        len(tree.tokens) if tree is not None else 0,
+                        draft_s.get(choice.drafter or "", 0.0), resp.verify_seconds)
+        step_s = time.perf_counter() - t0
+        metrics.STEP_SECONDS.observe(step_s)
+        metrics.STEP_DRAFT_SECONDS.observe(t1 - t0)
+        metrics.STEP_VERIFY_SECONDS.observe(t2 - t1)
+        metrics.RPC_OVERHEAD_SECONDS.observe(
+            max(0.0, step_s - max(draft_s.values(), default=0.0) - resp.verify_seconds))
+        metrics.BATCH_SIZE.observe(len(reqs))
+
+    def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
+        now = time.monotonic()
+        self._verifier_down_since = self._verifier_down_since or now
+        for r in reqs:  # whatever the verifier kept, the next call resends whole contexts
+            r.synced.pop(VERIFIER, None)
+        if now - self._verifier_down_since > self.cfg.verifier_outage_s:
+            for r in reqs:
+                self._fail(r, grpc.StatusCode.UNAVAILABLE, f"verifier unreachable: {error}")
+
+    async def _draft(self, reqs: list[RouterRequest], choices: list[StepChoice],
+                     ) -> tuple[dict[str, token_tree_pb2.TokenTree], dict[str, float]]:
+        """Trees per request id (only for requests that got one) and draft seconds per drafter."""
+        trees: dict[str, token_tree_pb2.TokenTree] = {}
+        seconds: dict[str, float] = {}
+        groups: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
+        for r, c in zip(reqs, choices):
+            if c.drafter is None or c.k <= 0:
+                continue
+            if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
+                start = time.perf_counter()
+                found = prompt_lookup(r.context, c.k)
+                if found:
+                    trees[r.request_id] = _chain(found)
+                seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start
+            elif c.drafter in self.drafters:
+                groups[c.drafter].append((r, c))
+        names = set(groups) | {n for n in self._release if n in self.drafters}
+        results = await asyncio.gather(*(self._draft_one(n, groups.get(n, [])) for n in names))
+        for name, (got, secs) in zip(names, results):
+            trees.update(got)
+            seconds[name] = secs
+        return trees, seconds
+
+    async def _draft_one(self, name: str, group: list[tuple[RouterRequest, StepChoice]],
+                         ) -> tuple[dict[str, token_tree_pb2.TokenTree], float]:
+        tasks = []
+        for r, c in group:
+            keep = r.synced.get(name, 0)
+            ctx = r.context
+            tasks.append(drafter_pb2.DraftTask(request_id=r.request_id, keep=keep,
+                                               context_delta=ctx[keep:], k=c.k,
+                                               branching=c.branching,
+                                               sampling=sampling_to_proto(r.sampling)))
+            r.synced[name] = len(ctx)
+        release = self._release.pop(name, set())
+        try:
+            resp = await self.drafters[name].call(
+                drafter_pb2.SpeculateRequest(tasks=tasks, release=release), self.cfg.draft_timeout_s)
+        except ServiceDown as e:
+            log.warning("drafting without %s this step: %s", name, e)
+            metrics.DRAFTER_FAILURES.labels(name).inc()
+            metrics.DRAFTER_UP.labels(name).set(0)
+            self._release[name] |= release
+            for r, _ in group:
+                r.synced.pop(name, None)  # unknown state: resend the whole context next time
+            return {}, 0.0
+        metrics.DRAFTER_UP.labels(name).set(1)
+        trees = {}
+        for (r, _), res in zip(group, resp.results):
+            if res.resync:
+                r.synced.pop(name, None)
+            elif len(res.tree.tokens):
+                trees[r.request_id] = res.tree
+        return trees, resp.draft_seconds
+
+    async def _flush_releases(self) -> None:
+        """Idle: send release-only batches so services free their caches now."""
+        calls = []
+        for name, ids in list(self._release.items()):
+            client = self.verifier if name == VERIFIER else self.drafters.get(name)
+            if not ids or client is None or not client.available:
+                continue
+            self._release.pop(name)
+            batch = (verifier_pb2.VerifyRequest(release=ids) if name == VERIFIER
+                     else drafter_pb2.SpeculateRequest(release=ids))
+            calls.append(client.call(batch))
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.info("release batch failed: %s", outcome)
+
+    # ---- after verification -----------------------------------------------------------------
+    def _apply(self, r: RouterRequest, choice: StepChoice, res: verifier_pb2.VerifyResult,
+               drafted: int, draft_s: float, verify_s: float) -> None:
+        """Account one verified step (``drafted`` tree nodes) and stream its tokens."""
+        if r.cancelled:
+            return
+        if res.resync:
+            r.synced.pop(VERIFIER, None)
+            return
+        r.synced[VERIFIER] = r.context_len + len(res.tokens)
+        r.steps += 1
+        name = choice.drafter or ""
+        metrics.SPEC_STEPS.labels(name).inc()
+        metrics.SPEC_K.labels(name).observe(choice.k if choice.drafter else 0)
+        if choice.drafter:
+            tally = r.tallies.setdefault(name, DrafterTally())
+            tally.steps += 1
+            tally.draft_tokens += drafted
+            tally.accepted_tokens += res.num_accepted
+            metrics.SPEC_DRAFTS.labels(name).inc()
+            metrics.SPEC_DRAFT_TOKENS.labels(name).inc(drafted)
+            metrics.SPEC_ACCEPTED.labels(name).inc(res.num_accepted)
+            for pos in range(1, res.num_accepted + 1):
+                metrics.SPEC_ACCEPTED_POS.labels(name, str(pos)).inc()
+            if self.store is not None:
+                self.store.record(name, drafted, res.num_accepted, draft_s, verify_s)
+        else:
+            r.steps_off += 1
+        self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s)
+        self._emit(r, list(res.tokens))
+
+    def _emit(self, r: RouterRequest, tokens: list[int]) -> None:
+        now = time.perf_counter()
+        start = len(r.generated)
+        finish = generation_pb2.FINISH_REASON_UNSPECIFIED
+        for tok in tokens:
+            r.generated.append(tok)
+            if len(r.generated) >= r.max_tokens:
+                finish = generation_pb2.FINISH_REASON_LENGTH
+                break
+            if tok == self.eos_id and not r.ignore_eos:
+                finish = generation_pb2.FINISH_REASON_STOP
+                break
+        text, hit = self._streams[r.request_id].push(r.generated, final=bool(finish))
+        if hit:
+            finish = generation_pb2.FINISH_REASON_STOP
+        msg = generation_pb2.GenerateResponse(request_id=r.request_id,
+                                              token_ids=r.generated[start:], text=text)
+        metrics.GENERATION_TOKENS.inc(len(r.generated) - start)
+        if r.first_token_at is None:
+            r.first_token_at = now
+            metrics.TTFT.observe(now - r.arrival)
+        else:
+            metrics.ITL.observe(now - r.last_token_at)
+        r.last_token_at = now
+        if finish:
+            msg.finish_reason = finish
+            msg.usage.prompt_tokens = len(r.prompt)
+            msg.usage.completion_tokens = len(r.generated)
+            s = msg.speculation
+            s.steps, s.steps_without_speculation = r.steps, r.steps_off
+            s.draft_tokens, s.accepted_tokens = r.draft_tokens, r.accepted_tokens
+            s.tau = len(r.generated) / r.steps if r.steps else 0.0
+            for name, t in sorted(r.tallies.items()):
+                s.drafters.add(drafter=name, steps=t.steps, draft_tokens=t.draft_tokens,
+                               accepted_tokens=t.accepted_tokens)
+            metrics.E2E.observe(now - r.arrival)
+            if len(r.generated) > 1:
+                metrics.TPOT.observe((now - r.first_token_at) / (len(r.generated) - 1))
+            metrics.REQUEST_SUCCESS.labels(
+                "length" if finish == generation_pb2.FINISH_REASON_LENGTH else "stop").inc()
+            r.out.put_nowait(msg)
+            self._finish(r)
+        else:
+            r.out.put_nowait(msg)
+
+
+def _chain(tokens: list[int]) -> token_tree_pb2.TokenTree:
+    return token_tree_pb2.TokenTree(tokens=tokens, parents=range(-1, len(tokens) - 1))

@@ -1,0 +1,160 @@
+"""``spin router``: the client-facing ``spin.v1.Generation`` service over the scheduler.
+
+Validates each request (INVALID_ARGUMENT with a message for anything malformed), admits it into a
+bounded queue (RESOURCE_EXHAUSTED beyond it), and streams its tokens as the scheduler accepts them.
+A client that cancels or runs past its deadline frees the request's caches in every service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from transformers import AutoTokenizer
+
+from ..engine.sampling import SamplingParams
+from ..obs import metrics
+from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
+from ..rpc.convert import sampling_from_proto
+from ..rpc.serving import ServerConfig, announce, serve
+from ..v1 import generation_pb2, generation_pb2_grpc
+from .clients import StreamClient
+from .requests import RouterRequest
+from .scheduler import QueueFull, RequestError, Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouterConfig:
+    """What the router connects to and how it decides."""
+
+    verifier: str
+    """Verifier address (host:port)."""
+    tokenizer: str
+    """Path of the target's tokenizer (the verifier's model directory)."""
+    drafters: dict[str, str] = field(default_factory=dict)
+    """Drafter name -> address."""
+    default_drafter: str | None = PROMPT_LOOKUP
+    """The fixed policy's drafter for requests in mode auto (None: no speculation)."""
+    default_k: int = 4
+    """The fixed policy's k."""
+    redis_url: str | None = None
+    """Acceptance statistics store; None = in process."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+class GenerationService(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int,
+                 drafter_names: set[str]) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.vocab_size = vocab_size
+        self.drafter_names = drafter_names | {PROMPT_LOOKUP}
+
+    def parse(self, req: generation_pb2.GenerateRequest) -> RouterRequest:
+        """The request as the scheduler takes it; ValueError names what is wrong."""
+        if req.prompt and len(req.prompt_token_ids):
+            raise ValueError("set either prompt or prompt_token_ids, not both")
+        ids = (tuple(self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"])
+               if req.prompt else tuple(req.prompt_token_ids))
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt_token_ids must lie in [0, {self.vocab_size})")
+        if req.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {req.max_tokens}")
+        if len(ids) >= self.max_context:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds "
+                             f"{self.max_context}")
+        if len(ids) + req.max_tokens > self.max_context:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
+                             f"the context of {self.max_context} tokens")
+        sampling = sampling_from_proto(req.sampling) if req.HasField("sampling") else SamplingParams()
+        spec = req.speculation
+        mode = {generation_pb2.SPECULATION_MODE_OFF: "off",
+                generation_pb2.SPECULATION_MODE_DRAFTER: "drafter"}.get(spec.mode, "auto")
+        if mode == "drafter" and spec.drafter not in self.drafter_names:
+            raise ValueError(f"unknown drafter {spec.drafter!r}; known: {sorted(self.drafter_names)}")
+        if spec.k < 0:
+            raise ValueError(f"speculation.k must be >= 0, got {spec.k}")
+        if any(not s for s in req.stop):
+            raise ValueError("stop strings must not be empty")
+        return RouterRequest(req.request_id or uuid.uuid4().hex, ids, req.max_tokens, sampling,
+                             tuple(req.stop), req.ignore_eos, mode,
+                             spec.drafter if mode == "drafter" else None, spec.k)
+
+    async def Generate(self, request: generation_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext):
+        try:
+            req = self.parse(request)
+        except ValueError as e:
+            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            self.scheduler.submit(req)
+        except QueueFull as e:
+            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            while True:
+                msg = await req.out.get()
+                if isinstance(msg, RequestError):
+                    await context.abort(msg.code, msg.message)
+                yield msg
+                if msg.finish_reason:
+                    return
+        finally:
+            self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
+
+
+async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None) -> None:
+    from ..stats import open_stats_store
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    verifier = StreamClient("target", cfg.verifier, "verifier")
+    info = await verifier.info(timeout_s=120)
+    drafters = {name: StreamClient(name, addr, "drafter") for name, addr in cfg.drafters.items()}
+    for name, client in drafters.items():
+        try:
+            d = await client.info(timeout_s=60)
+            if d.vocab_size != info.vocab_size:
+                raise SystemExit(f"drafter {name} has a vocabulary of {d.vocab_size}, the target "
+                                 f"{info.vocab_size}: they must share the tokenizer")
+            metrics.DRAFTER_UP.labels(name).set(1)
+        except grpc.aio.AioRpcError as e:
+            log.warning("drafter %s at %s is not reachable yet (%s)", name, client.address, e.code())
+    sched_cfg = cfg.scheduler
+    sched_cfg.max_batch = min(sched_cfg.max_batch, info.max_requests)
+    store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc())
+             if cfg.redis_url else open_stats_store(None))
+    scheduler = Scheduler(sched_cfg, verifier, drafters,
+                          policy or FixedPolicy(cfg.default_drafter, cfg.default_k),
+                          lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                          tokenizer.eos_token_id, store)
+    service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size,
+                                set(drafters))
+    loop_task = asyncio.create_task(scheduler.run())
+
+    async def after_stop() -> None:  # server.stop() let in-flight streams finish first
+        scheduler.stop()
+        await loop_task
+        store.close()
+        for c in [verifier, *drafters.values()]:
+            await c.close()
+
+    server_cfg.service_names = [generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name]
+    await serve(server_cfg,
+                lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(service, s),
+                on_ready=announce("router"), after_stop=after_stop)
+
+
+def run(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None = None) -> None:
+    if not Path(cfg.tokenizer).exists():
+        raise SystemExit(f"no tokenizer at {cfg.tokenizer}")
+    asyncio.run(_main(cfg, server_cfg, policy))

@@ -1,0 +1,218 @@
+"""``spin serve``: the whole system on one machine, as child processes on loopback ports.
+
+Starts a ``redis-server`` for acceptance statistics (or, without the binary, keeps them in the
+router's process, with a warning), the verifier with the demo target, one drafter per demo draft
+model, and the router, waits for each to report ready, prints the endpoint, and on Ctrl-C (or
+SIGTERM) stops them router first, so in-flight requests drain. Each child's log goes to
+``build/serve/<role>.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .zoo.report import family_members
+from .zoo.specs import BUILD_DIR, FAMILY_DIR
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    """The embedded deployment."""
+
+    family_dir: Path = FAMILY_DIR
+    """Model family: ``target`` plus draft models, each a checkpoint directory."""
+    host: str = "127.0.0.1"
+    """Interface the router listens on."""
+    port: int = 50051
+    """The router's gRPC port."""
+    metrics_port: int = 0
+    """The router's Prometheus port (0 = a free one, printed)."""
+    drafters: list[str] | None = None
+    """Draft models to start (default: every draft model in the family)."""
+    default_drafter: str = "prompt-lookup"
+    """The router's fixed-policy drafter for requests that do not name one."""
+    default_k: int = 4
+    max_batch: int = 32
+    max_queue: int = 256
+    redis: bool = True
+    """Start a redis-server for statistics when the binary exists."""
+    log_dir: Path = field(default_factory=lambda: BUILD_DIR.parent / "serve")
+    threads: int = 2
+    """Torch threads of the verifier."""
+    drafter_threads: int = 1
+    """Torch threads per drafter (small models gain little from more, and on a small machine
+    their idle thread pools would compete with the verifier's)."""
+
+
+class Child:
+    """A service process whose first stdout line ``<role> ready grpc_port=P metrics_port=M``
+    says it is serving."""
+
+    def __init__(self, role: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
+        self.role = role
+        self.log_path = log_dir / f"{role}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=env, start_new_session=True)
+        self.port = 0
+        self.metrics_port = 0
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if " ready grpc_port=" in line and not self._ready.is_set():
+                fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
+                self.port, self.metrics_port = int(fields["grpc_port"]), int(fields["metrics_port"])
+                self._ready.set()
+            else:
+                self._log.write(line)
+                self._log.flush()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.role} exited with {self.proc.returncode} while starting;"
+                                   f" its log ({self.log_path}) ends:\n{_tail(self.log_path)}")
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.role} not ready after {timeout_s:.0f} s; see {self.log_path}")
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _spin(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spin", *args]
+
+
+class Embedded:
+    """The running children (a context manager; also used by the tests and benchmarks)."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.children: list[Child] = []
+        self.redis = None
+        self.router: Child | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.cfg.host}:{self.router.port}"
+
+    def child(self, role: str, name: str) -> Child:
+        return next(c for c in self.children if c.role == f"{role}-{name}" or c.role == role == name)
+
+    def start(self, timeout_s: float = 180.0) -> Embedded:
+        cfg = self.cfg
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        # PASSIVE: an idle OpenMP pool sleeps instead of spinning. The processes take turns on
+        # the same cores (draft, then verify), and a spinning pool would steal them from the one
+        # computing (measured: single stream 151 vs 120 tokens/s on 2 cores).
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+                   OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+        redis_url = None
+        if cfg.redis:
+            from .stats.redis_server import RedisServer, find_redis_server
+            if find_redis_server():
+                self.redis = RedisServer()
+                self.redis.start()
+                redis_url = self.redis.url
+            else:
+                print("warning: no redis-server binary found; acceptance statistics stay in the "
+                      "router's memory (install redis-server to share them)", file=sys.stderr)
+        try:
+            fam = cfg.family_dir
+            threads = ("--threads", str(cfg.threads), "--metrics-port", "0")
+            drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0")
+            self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),
+                                                         "--port", "0", *threads), cfg.log_dir, env))
+            names = cfg.drafters if cfg.drafters is not None else family_members(fam)
+            for name in names:
+                self.children.append(Child(f"drafter-{name}", _spin(
+                    "drafter", "--model", str(fam / name), "--name", name, "--port", "0",
+                    *drafter_threads), cfg.log_dir, env))
+            for c in self.children:
+                c.wait_ready(timeout_s)
+            argv = ["router", "--verifier", f"127.0.0.1:{self.children[0].port}",
+                    "--tokenizer", str(fam / "target"), "--host", cfg.host, "--port", str(cfg.port),
+                    "--metrics-port", str(cfg.metrics_port), "--default-drafter",
+                    cfg.default_drafter, "--default-k", str(cfg.default_k),
+                    "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue)]
+            for c in self.children[1:]:
+                argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
+            if redis_url:
+                argv += ["--redis-url", redis_url]
+            self.router = Child("router", _spin(*argv), cfg.log_dir, env)
+            self.router.wait_ready(timeout_s)
+            self.children.append(self.router)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        for c in sorted(self.children, key=lambda c: c.role != "router"):  # router first: drain
+            c.stop(grace_s)
+        self.children = []
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> Embedded:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Start everything, print the endpoint, wait for Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
+    emb = Embedded(cfg)
+    try:
+        emb.start()
+        print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
+              f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
+        for c in emb.children:
+            if c.role != "router":
+                print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}", flush=True)
+        print(f'try: spin generate "def parse(path):" --endpoint {emb.endpoint}   (Ctrl-C stops)',
+              flush=True)
+        while not stop.wait(0.5):
+            for c in emb.children:
+                if c.proc.poll() is not None and c.role in ("router", "verifier"):
+                    print(f"{c.role} exited with {c.proc.returncode}; stopping. Its log ends:\n"
+                          f"{_tail(c.log_path)}", file=sys.stderr)
+                    return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping ...", flush=True)
+        emb.stop()
+    return 0

@@ -1,0 +1,27 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TokenTree(_message.Message):
+    __slots__ = ("tokens", "parents", "probs")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedCompositeFieldContainer[DraftDistribution]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ...) -> None: ...
+
+class DraftDistribution(_message.Message):
+    __slots__ = ("dense", "token_ids", "token_probs")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
+    dense: _containers.RepeatedScalarFieldContainer[float]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, dense: _Optional[_Iterable[float]] = ..., token_ids: _Optional[_Iterable[int]] = ..., token_probs: _Optional[_Iterable[float]] = ...) -> None: ...

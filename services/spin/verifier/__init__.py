@@ -1,0 +1,1 @@
+"""The target-model verification service (``spin verifier --model PATH``)."""

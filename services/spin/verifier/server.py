@@ -1,0 +1,120 @@
+"""``spin verifier``: the target model behind ``spin.v1.Verifier``.
+
+Each task carries the context delta since the router last synced the request (usually nothing: the
+verifier appends the tokens it emits itself) and the drafted tree. One target forward scores the
+whole batch; the engine's acceptance rule decides. Compute runs on one worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from ..engine.model_runner import ModelRunner
+from ..engine.tree import TokenTree
+from ..engine.verifier import Verifier, VerifyRequest
+from ..obs import metrics
+from ..rpc.contexts import ContextBook
+from ..rpc.convert import sampling_from_proto, tree_from_proto
+from ..rpc.serving import ServerConfig, announce, serve
+from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class VerifierService(verifier_pb2_grpc.VerifierServicer):
+    """An engine ``Verifier`` with per-request contexts."""
+
+    def __init__(self, model_path: str | Path, slots: int = 64, max_context: int | None = None,
+                 name: str | None = None) -> None:
+        self.model_path = str(model_path)
+        self.name = name or Path(model_path).name
+        self.verifier = Verifier(ModelRunner(model_path, num_slots=slots, max_len=max_context))
+        self.book = ContextBook()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
+
+    def info(self) -> model_info_pb2.ModelInfo:
+        runner = self.verifier.runner
+        return model_info_pb2.ModelInfo(name=self.name, model_path=self.model_path,
+                                        vocab_size=runner.vocab_size, max_context=runner.max_len,
+                                        max_requests=runner.cache.num_slots)
+
+    async def GetVerifierInfo(self, request, context) -> verifier_pb2.GetVerifierInfoResponse:
+        return verifier_pb2.GetVerifierInfoResponse(info=self.info())
+
+    async def Verify(self, request_iterator: AsyncIterator[verifier_pb2.VerifyRequest],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[verifier_pb2.VerifyResponse]:
+        loop = asyncio.get_running_loop()
+        async for batch in request_iterator:
+            try:
+                yield await loop.run_in_executor(self._pool, self.run_batch, batch)
+            except BatchRejected as e:
+                await context.abort(e.code, str(e))
+
+    def run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+        """Release, sync contexts, verify in one forward; one result per task, in task order."""
+        start = time.perf_counter()
+        for rid in batch.release:
+            self.book.release(rid)
+            self.verifier.release(rid)
+        runner = self.verifier.runner
+        results: list[verifier_pb2.VerifyResult] = []
+        work: list[tuple[int, VerifyRequest]] = []
+        new = sum(1 for t in batch.tasks if t.request_id not in self.verifier.slots
+                  and t.keep == 0)  # keep > 0 for an unknown request is a resync
+        if new > runner.cache.free_slots:
+            raise BatchRejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{new} new requests but {runner.cache.free_slots} free cache slots")
+        for task in batch.tasks:
+            results.append(verifier_pb2.VerifyResult(request_id=task.request_id))
+            ctx = self.book.apply(task.request_id, task.keep, task.context_delta)
+            if ctx is None or not ctx:
+                results[-1].resync = True
+                metrics.SERVICE_RESYNCS.labels("verifier", self.name).inc()
+                continue
+            try:
+                sampling = sampling_from_proto(task.sampling)
+                tree = tree_from_proto(task.tree, runner.vocab_size, runner.device)
+            except ValueError as e:
+                raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{task.request_id}: {e}") from e
+            if len(ctx) + len(tree) + 1 > runner.max_len:  # no room for the tree: plain step
+                tree = TokenTree((), ())
+            if len(ctx) >= runner.max_len:
+                raise BatchRejected(grpc.StatusCode.OUT_OF_RANGE,
+                                    f"{task.request_id}: context of {len(ctx)} tokens is full")
+            work.append((len(results) - 1, VerifyRequest(task.request_id, ctx, tree, sampling)))
+        verdicts = self.verifier.verify([r for _, r in work])
+        for (i, req), verdict in zip(work, verdicts):
+            results[i].tokens.extend(verdict.tokens)
+            results[i].num_accepted = verdict.num_accepted
+            self.book.extend(req.request_id, verdict.tokens)
+        seconds = time.perf_counter() - start
+        metrics.SERVICE_BATCH_SECONDS.labels("verifier", self.name).observe(seconds)
+        metrics.SERVICE_BATCH_REQUESTS.labels("verifier", self.name).observe(len(batch.tasks))
+        metrics.KV_CACHE_USAGE.labels("verifier", self.name).set(
+            1 - runner.cache.free_slots / runner.cache.num_slots)
+        return verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
+                                           verify_seconds=seconds)
+
+
+class BatchRejected(Exception):
+    """A batch the verifier cannot run at all (the router sent something it must not)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run(model: str, cfg: ServerConfig, slots: int = 64) -> None:
+    """Load the target, then serve until SIGTERM."""
+    service = VerifierService(model, slots=slots)
+    cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
+    asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),
+                      on_ready=announce("verifier")))

@@ -1,0 +1,225 @@
+"""DrafterService.run_batch, driven with spin.v1 messages directly (no network).
+
+Named test_drafter_server.py, not test_server.py: the test dirs have no __init__.py, so two
+test_server.py modules (drafter and verifier) would clash at collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from spin.drafter.server import DrafterService
+from spin.engine.drafter import DraftRequest, ModelDrafter
+from spin.engine.model_runner import ModelRunner
+from spin.engine.sampling import SamplingParams
+from spin.engine.tree import TokenTree
+from spin.rpc.convert import sampling_to_proto
+from spin.v1 import drafter_pb2, sampling_pb2
+from spin.zoo.corpus import heldout_prompts
+from spin.zoo.specs import FAMILY_DIR
+
+PATH = FAMILY_DIR / "draft-code"
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def service() -> DrafterService:
+    return DrafterService("draft-code", PATH, slots=SLOTS)
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModelDrafter:
+    """The engine's drafter on the same checkpoint, in its own runner."""
+    return ModelDrafter("ref", ModelRunner(PATH, num_slots=SLOTS))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[tuple[int, ...]]:
+    """Held-out code prompts of different lengths, tokenized by the demo tokenizer."""
+    tok = AutoTokenizer.from_pretrained(FAMILY_DIR / "target")
+    rows = heldout_prompts(FAMILY_DIR, ("code",))[:6]
+    return [tuple(tok.encode(r["prompt"], add_special_tokens=False)[-n:])
+            for r, n in zip(rows, (40, 25, 33, 17, 48, 29))]
+
+
+@pytest.fixture(autouse=True)
+def clean(service: DrafterService) -> Iterator[None]:
+    """Every test starts and ends with an empty service (all requests released)."""
+    yield
+    service.run_batch(drafter_pb2.SpeculateRequest(release=list(service.book._ctx)))
+    assert service.drafter.runner.cache.free_slots == SLOTS and len(service.book) == 0
+
+
+def _task(rid: str, keep: int, delta, k: int = 4, branching=(),
+          sampling: SamplingParams = SamplingParams()) -> drafter_pb2.DraftTask:
+    return drafter_pb2.DraftTask(request_id=rid, keep=keep, context_delta=list(delta), k=k,
+                                 branching=list(branching), sampling=sampling_to_proto(sampling))
+
+
+def _batch(*tasks: drafter_pb2.DraftTask, batch_id: int = 1, release=()) -> drafter_pb2.SpeculateRequest:
+    return drafter_pb2.SpeculateRequest(batch_id=batch_id, tasks=list(tasks), release=list(release))
+
+
+def _ref(reference: ModelDrafter, ctx, k: int = 4, branching=(),
+         sampling: SamplingParams = SamplingParams()) -> TokenTree:
+    """What the engine's drafter proposes for ``ctx`` from scratch."""
+    tree = reference.propose([DraftRequest("ref", tuple(ctx), k, tuple(branching), sampling)])[0]
+    reference.release("ref")
+    return tree
+
+
+def test_new_request_gets_the_engines_greedy_chain(service, reference, prompts) -> None:
+    ctx = prompts[0]
+    resp = service.run_batch(_batch(_task("a", 0, ctx, k=4), batch_id=2**40 + 7))
+    assert resp.batch_id == 2**40 + 7 and resp.draft_seconds > 0
+    assert len(resp.results) == 1
+    res = resp.results[0]
+    assert res.request_id == "a" and not res.resync
+    want = _ref(reference, ctx, 4)
+    assert len(want) == 4
+    assert tuple(res.tree.tokens) == want.tokens
+    assert tuple(res.tree.parents) == (-1, 0, 1, 2)
+    assert len(res.tree.probs) == 0  # greedy drafts are one-hot: no distributions on the wire
+    assert service.drafter.runner.cache.free_slots == SLOTS - 1
+
+
+def test_follow_up_with_delta_equals_drafting_from_scratch(service, reference, prompts) -> None:
+    ctx = prompts[1]
+    first = service.run_batch(_batch(_task("a", 0, ctx, k=3))).results[0]
+    drafted = list(first.tree.tokens)
+    # the verifier accepted the first drafted token and corrected the second
+    delta = [drafted[0], (drafted[1] + 1) % 4096]
+    res = service.run_batch(_batch(_task("a", len(ctx), delta, k=4), batch_id=2)).results[0]
+    assert not res.resync
+    assert tuple(res.tree.tokens) == _ref(reference, ctx + tuple(delta), 4).tokens
+    # and once more, everything accepted
+    full = ctx + tuple(delta)
+    delta2 = list(res.tree.tokens[:2])
+    res = service.run_batch(_batch(_task("a", len(full), delta2, k=2), batch_id=3)).results[0]
+    assert tuple(res.tree.tokens) == _ref(reference, full + tuple(delta2), 2).tokens
+
+
+def test_keep_shorter_than_held_truncates(service, reference, prompts) -> None:
+    ctx = prompts[2]
+    service.run_batch(_batch(_task("a", 0, ctx, k=4)))
+    delta = [11, 12]
+    res = service.run_batch(_batch(_task("a", len(ctx) - 5, delta, k=3))).results[0]
+    assert not res.resync
+    assert tuple(res.tree.tokens) == _ref(reference, ctx[:-5] + tuple(delta), 3).tokens
+
+
+def test_keep_beyond_held_is_resync(service, reference, prompts) -> None:
+    ctx = prompts[0]
+    service.run_batch(_batch(_task("a", 0, ctx, k=2)))
+    res = service.run_batch(_batch(_task("a", len(ctx) + 1, [5], k=2))).results[0]
+    assert res.resync and res.request_id == "a"
+    assert len(res.tree.tokens) == 0 and len(res.tree.parents) == 0
+    # the router resyncs with the whole context: drafting works again
+    res = service.run_batch(_batch(_task("a", 0, ctx + (5,), k=2))).results[0]
+    assert not res.resync and tuple(res.tree.tokens) == _ref(reference, ctx + (5,), 2).tokens
+
+
+def test_unknown_request_with_keep_is_resync(service, prompts) -> None:
+    resp = service.run_batch(_batch(_task("ghost", 3, [1, 2], k=2), _task("b", 0, prompts[3], k=2)))
+    ghost, b = resp.results
+    assert ghost.request_id == "ghost" and ghost.resync and len(ghost.tree.tokens) == 0
+    assert b.request_id == "b" and not b.resync and len(b.tree.tokens) == 2
+    assert "ghost" not in service.book and "ghost" not in service.drafter.slots
+    assert service.drafter.runner.cache.free_slots == SLOTS - 1
+
+
+def test_release_frees_the_slot(service, prompts) -> None:
+    cache = service.drafter.runner.cache
+    service.run_batch(_batch(_task("a", 0, prompts[0], k=2), _task("b", 0, prompts[1], k=2)))
+    assert cache.free_slots == SLOTS - 2
+    resp = service.run_batch(_batch(release=["a", "never-seen"], batch_id=9))
+    assert resp.batch_id == 9 and len(resp.results) == 0
+    assert cache.free_slots == SLOTS - 1
+    assert "a" not in service.book and "a" not in service.drafter.slots and "b" in service.book
+    res = service.run_batch(_batch(_task("a", len(prompts[0]), [], k=2))).results[0]
+    assert res.resync  # its context is gone with the slot
+
+
+def test_more_new_requests_than_slots(service, reference, prompts) -> None:
+    """The extra requests get no draft this step (empty tree, no resync), then draft later."""
+    cache = service.drafter.runner.cache
+    tasks = [_task(f"r{i}", 0, p, k=3) for i, p in enumerate(prompts)]  # 6 > 4 slots
+    resp = service.run_batch(_batch(*tasks))
+    assert [r.request_id for r in resp.results] == [f"r{i}" for i in range(6)]
+    assert [len(r.tree.tokens) for r in resp.results] == [3, 3, 3, 3, 0, 0]
+    assert not any(r.resync for r in resp.results)
+    assert cache.free_slots == 0
+    # the context is still held: once slots free up, keep=len(ctx) drafts without a resync
+    resp = service.run_batch(_batch(_task("r4", len(prompts[4]), [], k=3),
+                                    _task("r5", len(prompts[5]), [], k=3), release=["r0", "r1"]))
+    assert not any(r.resync for r in resp.results)
+    assert tuple(resp.results[0].tree.tokens) == _ref(reference, prompts[4], 3).tokens
+    assert tuple(resp.results[1].tree.tokens) == _ref(reference, prompts[5], 3).tokens
+    assert cache.free_slots == 0
+
+
+def test_branching_tree(service, reference, prompts) -> None:
+    ctx = prompts[0]
+    tree = service.run_batch(_batch(_task("a", 0, ctx, k=2, branching=(2, 1)))).results[0].tree
+    assert len(tree.tokens) == 4
+    assert tuple(tree.parents) == (-1, -1, 0, 1)
+    assert len(tree.probs) == 0
+    want = _ref(reference, ctx, 2, (2, 1))
+    assert tuple(tree.tokens) == want.tokens
+    assert tree.tokens[0] == _ref(reference, ctx, 1).tokens[0]  # first branch = greedy token
+    assert tree.tokens[0] != tree.tokens[1]
+
+
+def test_sampling_returns_probability_rows(service, reference, prompts) -> None:
+    ctx = prompts[1]
+    sampling = SamplingParams(temperature=0.8, top_k=5, seed=11)
+    tree = service.run_batch(_batch(_task("a", 0, ctx, k=3, branching=(2,), sampling=sampling))
+                             ).results[0].tree
+    assert len(tree.tokens) == 6 and tuple(tree.parents) == (-1, -1, 0, 1, 2, 3)  # two chains of 3
+    assert len(tree.probs) == len(tree.tokens)
+    for tok, row in zip(tree.tokens, tree.probs):
+        assert len(row.dense) == 0 and 1 <= len(row.token_ids) <= 5  # top-5 rows ship sparse
+        assert tok in row.token_ids
+        assert sum(row.token_probs) == pytest.approx(1.0, abs=1e-5)
+    # seeded: the engine's drafter draws the same tokens with the same distributions
+    want = _ref(reference, ctx, 3, (2,), sampling)
+    assert tuple(tree.tokens) == want.tokens
+    row0 = torch.zeros(want.draft_probs.shape[1])
+    row0[list(tree.probs[0].token_ids)] = torch.tensor(list(tree.probs[0].token_probs))
+    assert torch.allclose(row0, want.draft_probs[0])
+
+
+def test_nothing_to_draft_gives_empty_trees(service, prompts) -> None:
+    """k=0, an empty context, a zero branching or bad sampling: empty tree, no resync, no slot."""
+    bad = _task("bad", 0, prompts[0], k=2)
+    bad.sampling.CopyFrom(sampling_pb2.SamplingParams(temperature=1.0, top_p=1.5))
+    resp = service.run_batch(_batch(_task("k0", 0, prompts[0], k=0),
+                                    _task("empty", 0, [], k=3),
+                                    _task("zero-branch", 0, prompts[1], k=2, branching=(0,)),
+                                    bad))
+    assert [r.request_id for r in resp.results] == ["k0", "empty", "zero-branch", "bad"]
+    assert all(len(r.tree.tokens) == 0 and not r.resync for r in resp.results)
+    assert service.drafter.runner.cache.free_slots == SLOTS
+
+
+def test_k_clipped_to_the_context_limit(prompts) -> None:
+    small = DrafterService("tiny", PATH, slots=1, max_context=32)
+    ctx = prompts[0][:29]
+    res = small.run_batch(_batch(_task("a", 0, ctx, k=6))).results[0]
+    assert len(res.tree.tokens) == 3  # 32 - 29
+    res = small.run_batch(_batch(_task("a", 0, prompts[0][:32], k=6))).results[0]
+    assert len(res.tree.tokens) == 0 and not res.resync
+
+
+def test_branching_tree_near_the_context_limit_fits(prompts) -> None:
+    small = DrafterService("tiny-tree", PATH, slots=2, max_context=32)
+    ctx = tuple(range(100, 128))  # 28 tokens
+    resp = small.run_batch(_batch(_task("ok", 0, prompts[3][:10], k=2),
+                                  _task("tight", 0, ctx, k=3, branching=(4, 4))))
+    ok, tight = resp.results
+    assert len(ok.tree.tokens) == 2 and not tight.resync
+    assert len(ctx) + len(tight.tree.tokens) <= 32

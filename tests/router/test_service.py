@@ -1,0 +1,211 @@
+"""The router over real processes: streaming, losslessness, bad input, cancellation, queue bound,
+health, reflection, metrics, Redis statistics (and Redis going away)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from service_helpers import collect, request, scrape
+
+from spin.serve import Child, _spin
+from spin.stats import RedisStatsStore
+from spin.v1 import generation_pb2, generation_pb2_grpc
+
+PROMPT = "def parse(path):\n    with open(path) as f:\n"
+
+
+def test_speculation_is_lossless_and_reports_stats(serving) -> None:
+    off, _, last_off = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="off",
+                                                         ignore_eos=True))
+    assert len(off) == 40 and last_off.speculation.steps == 40
+    for drafter, k in (("draft-code", 4), ("draft-prose", 2), ("prompt-lookup", 6),
+                       ("draft-structured", 8)):
+        ids, text, last = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="drafter",
+                                                            drafter=drafter, k=k, ignore_eos=True))
+        assert ids == off, drafter
+        s = last.speculation
+        assert last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        assert last.usage.completion_tokens == 40 and last.usage.prompt_tokens > 0
+        assert s.steps < 40 or drafter == "draft-structured"  # code drafts do accept on code
+        assert s.tau == pytest.approx(40 / s.steps)
+        if s.drafters:
+            assert s.drafters[0].drafter == drafter
+            assert s.accepted_tokens <= s.draft_tokens
+    _, text_off, _ = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="off",
+                                                       ignore_eos=True))
+    assert text_off.strip()
+
+
+def test_seeded_sampling_is_reproducible(serving) -> None:
+    a, _, _ = collect(serving.endpoint, request(PROMPT, max_tokens=20, temperature=0.8, seed=7,
+                                                mode="drafter", drafter="draft-code", k=3))
+    b, _, _ = collect(serving.endpoint, request(PROMPT, max_tokens=20, temperature=0.8, seed=7,
+                                                mode="drafter", drafter="draft-code", k=3))
+    assert a == b and len(a) > 0
+
+
+def test_stop_strings_end_the_stream(serving) -> None:
+    _, full, _ = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="off"))
+    stop = full.strip()[:3]
+    assert stop
+    _, text, last = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="off",
+                                                      stop=[stop]))
+    assert last.finish_reason == generation_pb2.FINISH_REASON_STOP
+    assert stop not in text and full.startswith(text)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (request("", max_tokens=5), "empty"),
+    (request("x", max_tokens=0), "max_tokens"),
+    (request("x", max_tokens=5000), "exceeds the context"),
+    (request("x", temperature=-1.0), "temperature"),
+    (request("x " * 1500, max_tokens=5), "context"),
+    (request("x", mode="drafter", drafter="nope"), "unknown drafter"),
+    (request(ids=[10 ** 6], max_tokens=5), "prompt_token_ids"),
+])
+def test_bad_requests_get_invalid_argument(serving, bad, message) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        collect(serving.endpoint, bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+
+
+def test_bad_requests_do_not_disturb_others(serving) -> None:
+    good = request(PROMPT, max_tokens=48, mode="drafter", drafter="draft-code", k=4,
+                   ignore_eos=True)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        running = [pool.submit(collect, serving.endpoint, good) for _ in range(3)]
+        bad = [pool.submit(collect, serving.endpoint, request("", max_tokens=3)) for _ in range(5)]
+        for f in bad:
+            with pytest.raises(grpc.RpcError):
+                f.result()
+        outputs = [f.result()[0] for f in running]
+    assert all(len(o) == 48 for o in outputs) and outputs[0] == outputs[1] == outputs[2]
+
+
+def _verifier_slots_in_use(serving) -> float:
+    port = serving.child("verifier", "verifier").metrics_port
+    return sum(v for k, v in scrape(port).items() if k.startswith("spin:kv_cache_usage_perc"))
+
+
+def _wait_until(cond, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_cancel_and_deadline_free_the_caches(serving) -> None:
+    with grpc.insecure_channel(serving.endpoint) as ch:
+        stub = generation_pb2_grpc.GenerationStub(ch)
+        call = stub.Generate(request(PROMPT, max_tokens=600, mode="drafter", drafter="draft-code",
+                                     k=2, ignore_eos=True))
+        next(call)
+        assert _verifier_slots_in_use(serving) > 0  # the request holds a verifier slot
+        call.cancel()
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Generate(request(PROMPT, max_tokens=600, mode="off", ignore_eos=True),
+                               timeout=0.5))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert _wait_until(lambda: _verifier_slots_in_use(serving) == 0), "caches were not freed"
+    drafter_port = serving.child("drafter", "draft-code").metrics_port
+    assert _wait_until(lambda: sum(v for k, v in scrape(drafter_port).items()
+                                   if k.startswith("spin:kv_cache_usage_perc")) == 0)
+
+
+def test_queue_bound_gives_resource_exhausted(serving, tmp_path: Path) -> None:
+    verifier = serving.child("verifier", "verifier")
+    router = Child("router-small", _spin(
+        "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+        str(serving.cfg.family_dir / "target"), "--port", "0", "--max-batch", "1",
+        "--max-queue", "1"), tmp_path, None)
+    try:
+        router.wait_ready(120)
+        endpoint = f"127.0.0.1:{router.port}"
+        long = request(PROMPT, max_tokens=200, mode="off", ignore_eos=True)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(collect, endpoint, long) for _ in range(4)]
+            codes = []
+            for f in futures:
+                try:
+                    f.result()
+                    codes.append("OK")
+                except grpc.RpcError as e:
+                    codes.append(e.code().name)
+                    assert "waiting" in e.details()
+        assert codes.count("RESOURCE_EXHAUSTED") >= 1 and codes.count("OK") >= 2, codes
+    finally:
+        router.stop(10)
+
+
+def test_health_and_reflection(serving) -> None:
+    for port in (serving.router.port, serving.child("verifier", "verifier").port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    with grpc.insecure_channel(serving.endpoint) as ch:
+        services = ProtoReflectionDescriptorDatabase(ch).get_services()
+        assert "spin.v1.Generation" in services and "grpc.health.v1.Health" in services
+
+
+def test_metrics_and_redis_statistics(serving) -> None:
+    before = scrape(serving.router.metrics_port)
+    _, _, last = collect(serving.endpoint, request(PROMPT, max_tokens=32, mode="drafter",
+                                                   drafter="draft-code", k=4, ignore_eos=True))
+    after = scrape(serving.router.metrics_port)
+    key = 'spin:spec_decode_num_drafts_total{draft_model="draft-code"}'
+    steps = last.speculation.drafters[0].steps
+    assert after[key] - before.get(key, 0) == steps
+    acc = 'spin:spec_decode_num_accepted_tokens_total{draft_model="draft-code"}'
+    assert after[acc] - before.get(acc, 0) == last.speculation.accepted_tokens
+    store = RedisStatsStore(serving.redis.url)
+    try:
+        assert _wait_until(lambda: store.population().get("draft-code") is not None
+                           and store.population()["draft-code"].drafts >= steps)
+    finally:
+        store.close()
+
+
+def test_router_keeps_serving_without_redis_and_catches_up(serving) -> None:
+    serving.redis.stop()
+    _, _, last = collect(serving.endpoint, request(PROMPT, max_tokens=32, mode="drafter",
+                                                   drafter="draft-prose", k=3, ignore_eos=True))
+    assert last.usage.completion_tokens == 32
+    assert _wait_until(lambda: scrape(serving.router.metrics_port).get(
+        "spin:stats_store_errors_total", 0) >= 1), "the failed writes were not counted"
+    serving.redis.restart()  # an empty Redis: only what the router still holds can reach it
+    store = RedisStatsStore(serving.redis.url)
+    try:
+        steps = last.speculation.drafters[0].steps
+        assert _wait_until(lambda: "draft-prose" in store.population(), timeout=30)
+        assert store.population()["draft-prose"].drafts == steps
+        assert store.population()["draft-prose"].accepted_tokens == last.speculation.accepted_tokens
+    finally:
+        store.close()
+
+
+def test_loadgen_against_spin_serve(serving, tmp_path: Path) -> None:
+    """The issue's bar: 64 prompts, all at once, 32 concurrent, lossless check: no errors."""
+    out = tmp_path / "loadgen.json"
+    r = subprocess.run([sys.executable, "-m", "loadgen", "--endpoint", serving.endpoint,
+                        "--num-prompts", "64", "--rate", "inf", "--max-concurrency", "32",
+                        "--check-lossless", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["completed"] == 64 and report["errors"] == 0
+    assert report["lossless_mismatches"] == 0
+    assert report["speculation"]["draft_tokens"] > 0

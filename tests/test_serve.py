@@ -1,0 +1,74 @@
+"""``spin serve`` as a deployment: a drafter process dies mid-stream, the router drains on SIGTERM.
+
+These tests break their own embedded deployment (one drafter, no Redis), apart from the shared one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from service_helpers import collect, request
+
+from spin.serve import Embedded, ServeConfig
+from spin.v1 import generation_pb2, generation_pb2_grpc
+
+PROMPT = "class Config:\n    def __init__(self, path):\n"
+
+
+@pytest.fixture()
+def small(tmp_path: Path):
+    emb = Embedded(ServeConfig(port=0, drafters=["draft-code"], redis=False, log_dir=tmp_path))
+    emb.start()
+    yield emb
+    emb.stop()
+
+
+def test_killing_a_drafter_fails_no_request(small) -> None:
+    reference, _, _ = collect(small.endpoint, request(PROMPT, max_tokens=160, mode="off",
+                                                      ignore_eos=True))
+    drafter = small.child("drafter", "draft-code")
+    first_tokens = concurrent.futures.Future()
+
+    def stream(i: int) -> tuple[list[int], generation_pb2.GenerateResponse]:
+        with grpc.insecure_channel(small.endpoint) as ch:
+            ids, last = [], None
+            for msg in generation_pb2_grpc.GenerationStub(ch).Generate(
+                    request(PROMPT, max_tokens=160, mode="drafter", drafter="draft-code", k=2,
+                            ignore_eos=True), timeout=300):
+                ids += msg.token_ids
+                last = msg
+                if ids and not first_tokens.done():
+                    first_tokens.set_result(True)
+            return ids, last
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, i) for i in range(4)]
+        first_tokens.result(timeout=120)
+        drafter.proc.send_signal(signal.SIGKILL)
+        results = [f.result(timeout=300) for f in futures]
+    assert drafter.proc.wait(10) == -signal.SIGKILL
+    for ids, last in results:
+        assert ids == reference  # still lossless
+        assert last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        # the drafter served the first steps, then the requests went on without it
+        assert 0 < last.speculation.drafters[0].steps < last.speculation.steps
+        assert last.speculation.steps_without_speculation > 0
+
+
+def test_sigterm_drains_in_flight_requests(small) -> None:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(collect, small.endpoint, request(PROMPT, max_tokens=120, mode="off",
+                                                           ignore_eos=True))
+        time.sleep(0.5)
+        small.router.proc.send_signal(signal.SIGTERM)
+        ids, _, last = fut.result(timeout=120)
+    assert len(ids) == 120 and last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert small.router.proc.wait(30) == 0
+    with pytest.raises(grpc.RpcError) as err:  # and it accepts nothing new
+        collect(small.endpoint, request(PROMPT, max_tokens=5), timeout=5)
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

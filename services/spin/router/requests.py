@@ -41,6 +41,8 @@ class RouterRequest:
     generated: list[int] = field(default_factory=list)
     synced: dict[str, int] = field(default_factory=dict)
     """Service key ('verifier' or a drafter name) -> context tokens that service holds."""
+    touched: set[str] = field(default_factory=set)
+    """Drafters that were ever sent this request (all get its release, synced or not)."""
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     """Messages for the client stream (GenerateResponse, or an Exception to end it)."""
     cancelled: bool = False

@@ -113,9 +113,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         self._streams.pop(req.request_id, None)
-        for service in req.synced:
+        for service in req.touched | {VERIFIER}:
             self._release[service].add(req.request_id)
-        self._release[VERIFIER].add(req.request_id)
         self.policy.release(req.request_id)
         metrics.REQUESTS_RUNNING.set(len(self.running))
 
@@ -170,6 +169,7 @@ class Scheduler:
         except ServiceDown as e:
             self._release[VERIFIER] |= release
             self._verifier_outage(reqs, str(e))
+            await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
             return
         self._verifier_down_since = None
         t2 = time.perf_counter()
@@ -212,7 +212,8 @@ class Scheduler:
                 seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start
             elif c.drafter in self.drafters:
                 groups[c.drafter].append((r, c))
-        names = set(groups) | {n for n in self._release if n in self.drafters}
+        names = set(groups) | {n for n, ids in self._release.items()  # releases ride along
+                               if ids and n in self.drafters and self.drafters[n].available}
         results = await asyncio.gather(*(self._draft_one(n, groups.get(n, [])) for n in names))
         for name, (got, secs) in zip(names, results):
             trees.update(got)
@@ -230,6 +231,7 @@ class Scheduler:
                                                branching=c.branching,
                                                sampling=sampling_to_proto(r.sampling)))
             r.synced[name] = len(ctx)
+            r.touched.add(name)
         release = self._release.pop(name, set())
         try:
             resp = await self.drafters[name].call(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,3 +74,25 @@ def test_sigterm_drains_in_flight_requests(small) -> None:
     with pytest.raises(grpc.RpcError) as err:  # and it accepts nothing new
         collect(small.endpoint, request(PROMPT, max_tokens=5), timeout=5)
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_spin_serve_prints_the_endpoint_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "spin", "serve", "--port", "0", "--drafters",
+                             "draft-structured", "--no-redis"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        endpoint = None
+        for line in proc.stdout:
+            if line.startswith("SPIN serving on "):
+                endpoint = line.split()[3]
+                break
+        assert endpoint, "spin serve never printed its endpoint"
+        ids, _, last = collect(endpoint, request(PROMPT, max_tokens=6, mode="drafter",
+                                                 drafter="draft-structured", k=2))
+        assert len(ids) == last.usage.completion_tokens > 0
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0 and "stopping" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()

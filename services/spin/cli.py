@@ -100,9 +100,9 @@ def _router(args: argparse.Namespace) -> int:
               f"{sorted(drafters) + ['prompt-lookup']}", file=sys.stderr)
         return 2
     run(RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
-                     args.redis_url, SchedulerConfig(max_batch=args.max_batch,
-                                                     max_queue=args.max_queue,
-                                                     draft_timeout_s=args.draft_timeout)),
+                     args.redis_url, args.policy, args.cost_model,
+                     SchedulerConfig(max_batch=args.max_batch, max_queue=args.max_queue,
+                                     draft_timeout_s=args.draft_timeout)),
         _server_config(args))
     return 0
 
@@ -115,7 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
                              drafters=args.drafters.split(",") if args.drafters else None,
                              default_drafter=args.default_drafter, default_k=args.default_k,
                              max_batch=args.max_batch, max_queue=args.max_queue,
-                             redis=not args.no_redis))
+                             redis=not args.no_redis, policy=args.policy))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -177,6 +177,48 @@ def _bench_services(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(r, indent=2))
         print(f"wrote {args.json}")
     return 0 if r["lossless"] else 1
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .stats import RedisStatsStore
+
+    store = RedisStatsStore(args.redis_url, flush_interval_s=3600)
+    try:
+        pop = store.population()
+        if not store.flush() and not pop:
+            print(f"spin stats: cannot read {args.redis_url}", file=sys.stderr)
+            return 2
+    finally:
+        store.close()
+    if not pop:
+        print("no statistics yet")
+        return 0
+    k_max = max((max(st.drafted_per_pos, default=0) for st in pop.values()), default=0)
+    head = (f"{'drafter':18s} {'steps':>7s} {'drafted':>8s} {'accepted':>8s} {'rate':>5s} "
+            f"{'tau':>5s} {'draft ms':>8s} {'verify ms':>9s}  acceptance by position 1..{k_max}")
+    print(head)
+    for name, st in sorted(pop.items()):
+        per_pos = " ".join(f"{st.acceptance_at(i):.2f}" for i in range(1, k_max + 1)
+                           if st.drafted_per_pos.get(i))
+        print(f"{name:18s} {st.drafts:7d} {st.draft_tokens:8d} {st.accepted_tokens:8d} "
+              f"{st.acceptance_rate:5.2f} {st.mean_accepted_length:5.2f} "
+              f"{1e3 * st.draft_seconds / max(st.drafts, 1):8.2f} "
+              f"{1e3 * st.verify_seconds / max(st.drafts, 1):9.2f}  {per_pos}")
+    print("rate = accepted / drafted tokens; tau = 1 + accepted / steps (vLLM's mean acceptance "
+          "length, bonus token included); times are means per step")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .bench.profile import ProfileConfig, run_profile
+
+    r = run_profile(ProfileConfig(family_dir=args.family_dir, quick=args.quick, out=args.out,
+                                  drafters=args.drafters.split(",") if args.drafters else None))
+    print(f"wrote {r['out']} ({r['verify_points']} verify and {r['draft_points']} draft points)")
+    print("fit error (MAPE): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["mape"].items()))
+    print("batch size -> k at acceptance 0.7: " + ", ".join(
+        f"{b}: {k}" for b, k in r["k_table_at_acceptance_0.7"].items()))
+    return 0
 
 
 def _positive(kind: type) -> callable:
@@ -258,6 +300,10 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("--max-queue", type=_positive(int), default=256)
     rt.add_argument("--draft-timeout", type=_positive(float), default=5.0)
     rt.add_argument("--redis-url", help="acceptance statistics (default: in process)")
+    rt.add_argument("--policy", choices=("learned", "fixed"), default="learned",
+                    help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
+                    "--default-drafter and --default-k for every request")
+    rt.add_argument("--cost-model", help="cost model file from `spin profile` (learned policy)")
     rt.set_defaults(func=_router)
 
     sv = sub.add_parser("serve", help="the whole system on this machine (the embedded default)")
@@ -271,6 +317,8 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch", type=_positive(int), default=32)
     sv.add_argument("--max-queue", type=_positive(int), default=256)
     sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
+                    help="the router's policy (learned profiles the machine on first start)")
     sv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
@@ -288,6 +336,17 @@ def parser() -> argparse.ArgumentParser:
     bs.add_argument("--json", help="write the report as JSON to this file")
     bs.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bs.set_defaults(func=_bench_services)
+
+    st = sub.add_parser("stats", help="acceptance statistics of the population (Redis) as a table")
+    st.add_argument("--redis-url", required=True, help="e.g. redis://127.0.0.1:6379/0")
+    st.set_defaults(func=_stats)
+
+    pr = sub.add_parser("profile", help="measure step times and fit the cost model")
+    pr.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    pr.add_argument("--quick", action="store_true", help="a smaller grid (about a minute)")
+    pr.add_argument("--drafters", help="comma-separated draft models (default: all)")
+    pr.add_argument("--out", type=Path, default=BUILD_DIR.parent / "cost_model.json")
+    pr.set_defaults(func=_profile)
 
     demo = sub.add_parser("demo", help="the family on held-out prompts, with per-drafter acceptance")
     demo.add_argument("--family-dir", type=Path, default=FAMILY_DIR)

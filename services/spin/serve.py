@@ -44,6 +44,10 @@ class ServeConfig:
     default_k: int = 4
     max_batch: int = 32
     max_queue: int = 256
+    policy: str = "learned"
+    """The router's policy: 'learned' or 'fixed' (default_drafter, default_k)."""
+    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
+    """The learned policy's cost model; measured by ``spin profile --quick`` when missing."""
     redis: bool = True
     """Start a redis-server for statistics when the binary exists."""
     log_dir: Path = field(default_factory=lambda: BUILD_DIR.parent / "serve")
@@ -146,11 +150,16 @@ class Embedded:
                       "router's memory (install redis-server to share them)", file=sys.stderr)
         try:
             fam = cfg.family_dir
+            names = cfg.drafters if cfg.drafters is not None else family_members(fam)
+            if cfg.policy == "learned" and not cfg.cost_model.exists():
+                print(f"measuring this machine for the cost model ({cfg.cost_model}; once) ...",
+                      flush=True)
+                subprocess.run(_spin("profile", "--quick", "--family-dir", str(fam), "--out",
+                                     str(cfg.cost_model)), check=True, env=env)
             threads = ("--threads", str(cfg.threads), "--metrics-port", "0")
             drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0")
             self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),
                                                          "--port", "0", *threads), cfg.log_dir, env))
-            names = cfg.drafters if cfg.drafters is not None else family_members(fam)
             for name in names:
                 self.children.append(Child(f"drafter-{name}", _spin(
                     "drafter", "--model", str(fam / name), "--name", name, "--port", "0",
@@ -162,6 +171,7 @@ class Embedded:
                     "--metrics-port", str(cfg.metrics_port), "--default-drafter",
                     cfg.default_drafter, "--default-k", str(cfg.default_k),
                     "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue)]
+            argv += ["--policy", cfg.policy, "--cost-model", str(cfg.cost_model)]
             for c in self.children[1:]:
                 argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
             if redis_url:
@@ -192,9 +202,17 @@ class Embedded:
 def serve(cfg: ServeConfig) -> int:
     """Start everything, print the endpoint, wait for Ctrl-C or SIGTERM."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
     emb = Embedded(cfg)
+
+    def on_signal(*_) -> None:  # installed for SIGINT too: it may arrive ignored (nohup, &)
+        started = stop.is_set() or emb.router is not None
+        stop.set()
+        if not started:
+            raise KeyboardInterrupt  # abort a start in progress
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
     try:
         emb.start()
         print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "

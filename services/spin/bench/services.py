@@ -90,7 +90,7 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
     lossless = True
     tokens = steps = 0
     with Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False,
-                              log_dir=log_dir)) as emb, \
+                              log_dir=log_dir, policy="fixed")) as emb, \
             grpc.insecure_channel(emb.endpoint) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         _stream(stub, prompts[0][:8], cfg, True)  # warm-up: connections, first forwards

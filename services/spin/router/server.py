@@ -12,6 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import grpc
 from transformers import AutoTokenizer
@@ -45,6 +46,12 @@ class RouterConfig:
     """The fixed policy's k."""
     redis_url: str | None = None
     """Acceptance statistics store; None = in process."""
+    policy: Literal["fixed", "learned"] = "learned"
+    """'learned': per-request bandit over drafters + goodput-chosen k; 'fixed': default_drafter
+    and default_k for every request."""
+    cost_model: str | None = None
+    """The fitted cost model (``spin profile``) for the learned policy; None or missing = its
+    batch-size -> k table."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -113,6 +120,22 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
 
 
+def _policy(cfg: RouterConfig, store) -> Policy:
+    if cfg.policy == "fixed":
+        return FixedPolicy(cfg.default_drafter, cfg.default_k)
+    from ..policy.cost_model import CostModel
+    from ..policy.learned import LearnedPolicy
+
+    cost = None
+    if cfg.cost_model and Path(cfg.cost_model).exists():
+        cost = CostModel.load(cfg.cost_model)
+        log.info("learned policy with the cost model %s", cfg.cost_model)
+    else:
+        log.warning("no cost model (%s): k comes from the batch-size table; run `spin profile`",
+                    cfg.cost_model)
+    return LearnedPolicy(cost=cost, population=store.population)
+
+
 async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None) -> None:
     from ..stats import open_stats_store
 
@@ -133,8 +156,9 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     sched_cfg.max_batch = min(sched_cfg.max_batch, info.max_requests)
     store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc())
              if cfg.redis_url else open_stats_store(None))
-    scheduler = Scheduler(sched_cfg, verifier, drafters,
-                          policy or FixedPolicy(cfg.default_drafter, cfg.default_k),
+    if policy is None:
+        policy = _policy(cfg, store)
+    scheduler = Scheduler(sched_cfg, verifier, drafters, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store)
     service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size,

@@ -1,0 +1,126 @@
+"""``spin profile``: measure verify and draft step times on this machine and fit the cost model.
+
+Verification: one target forward over ``batch`` requests, each scoring ``tokens`` new tokens after a
+context of ``context`` tokens (the grid below). Drafting: one drafter call drafting a chain of k for
+``batch`` requests after a context (catch-up of the last token included, as in serving). Each point
+is the median of a few repetitions. The fitted ``CostModel`` (``policy/cost_model.py``) is written
+as JSON with its fit error (MAPE) on the measured points; the router's speculation-length
+controller reads it, and its batch-size -> k table comes from it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..engine.drafter import DraftRequest, ModelDrafter
+from ..engine.model_runner import ForwardItem, ModelRunner
+from ..policy.cost_model import CostModel, DraftSample, VerifySample, k_table
+from ..zoo.report import family_members
+from ..zoo.specs import BUILD_DIR, FAMILY_DIR
+
+DEFAULT_COST_MODEL = BUILD_DIR.parent / "cost_model.json"
+
+
+@dataclass
+class ProfileConfig:
+    """The measurement grid."""
+
+    family_dir: Path = FAMILY_DIR
+    quick: bool = False
+    """A smaller grid (about a minute on 2 cores)."""
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    tokens: tuple[int, ...] = (1, 3, 5, 9)
+    """New tokens scored per request (tree size + 1)."""
+    contexts: tuple[int, ...] = (64, 256, 512)
+    draft_ks: tuple[int, ...] = (1, 2, 4, 8)
+    reps: int = 5
+    drafters: list[str] | None = None
+    """Draft models to profile (default: all in the family)."""
+    out: Path = field(default_factory=lambda: DEFAULT_COST_MODEL)
+
+    def grid(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+        if self.quick:
+            return (1, 4, 16, 32), (1, 5, 9), (64, 384), (1, 4, 8), 3
+        return self.batches, self.tokens, self.contexts, self.draft_ks, self.reps
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])  # the first is a warm-up
+
+
+@torch.inference_mode()
+def profile_verify(runner: ModelRunner, batches, tokens, contexts, reps: int,
+                   bar: tqdm) -> list[VerifySample]:
+    samples = []
+    for ctx in contexts:
+        for b in batches:
+            slots = [runner.cache.admit(f"profile-{i}") for i in range(b)]
+            try:
+                prefix = tuple(range(3, 3 + ctx))
+                for s in slots:
+                    runner.forward([ForwardItem(s, prefix)])
+                    runner.cache.commit(s, ctx)
+                for n in tokens:
+                    items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in slots]
+                    secs = _median_time(lambda: runner.forward(items), reps)
+                    samples.append(VerifySample(b, b * n, b * ctx, secs))
+                    bar.update()
+            finally:
+                for s in slots:
+                    runner.cache.free(s)
+    return samples
+
+
+@torch.inference_mode()
+def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps: int,
+                  bar: tqdm) -> list[DraftSample]:
+    samples = []
+    for ctx in contexts:
+        for b in batches:
+            ids = [f"profile-{name}-{ctx}-{b}-{i}" for i in range(b)]
+            contexts_ = [tuple(range(3 + i, 3 + i + ctx)) for i in range(b)]
+            try:
+                for k in ks:
+                    reqs = [DraftRequest(rid, c, k) for rid, c in zip(ids, contexts_)]
+                    drafter.propose(reqs)  # prefill once; timed calls catch up one token
+                    step = [DraftRequest(rid, c + (7,), k) for rid, c in zip(ids, contexts_)]
+                    secs = _median_time(lambda: (drafter.propose(reqs), drafter.propose(step)),
+                                        reps) / 2
+                    samples.append(DraftSample(name, b, k, b * ctx, secs))
+                    bar.update()
+            finally:
+                for rid in ids:
+                    drafter.release(rid)
+    return samples
+
+
+def run_profile(cfg: ProfileConfig) -> dict:
+    batches, tokens, contexts, ks, reps = cfg.grid()
+    fam = cfg.family_dir
+    names = cfg.drafters if cfg.drafters is not None else family_members(fam)
+    slots = max(batches)
+    target = ModelRunner(fam / "target", num_slots=slots)
+    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=slots)) for n in names}
+    total = len(contexts) * len(batches) * (len(tokens) + len(names) * len(ks))
+    with tqdm(total=total, desc="profile", unit="point") as bar:
+        verify = profile_verify(target, batches, tokens, contexts, reps, bar)
+        draft = [s for n, d in drafters.items()
+                 for s in profile_draft(n, d, batches, ks, contexts, reps, bar)]
+    model = CostModel.fit(verify, draft)
+    errors = model.mape(verify, draft)
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(cfg.out)
+    table = k_table(model, {n: 0.7 for n in names}, batches, max(ks), contexts[0])
+    return {"out": str(cfg.out), "mape": errors, "verify_points": len(verify),
+            "draft_points": len(draft), "k_table_at_acceptance_0.7": table}

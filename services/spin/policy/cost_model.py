@@ -1,0 +1,314 @@
+"""A fitted model of step time: one target verification forward plus the drafters' calls.
+
+Verification (one target forward over the whole batch)::
+
+    t_verify = c0 + c1·batch + c2·scored_tokens + c3·context_tokens + c4·scored_tokens·mean_context
+
+with ``scored_tokens`` = Σ_i (tree size_i + 1), ``context_tokens`` = Σ_i context_i and
+``mean_context`` = context_tokens / batch (so the last term ≈ attention of the new tokens over the
+contexts: Σ_i scored_i·context_i for a uniform batch).
+
+Drafting (one call of a model drafter that drafts k levels; each level is one forward over the
+requests still drafting, as ``engine.drafter`` does)::
+
+    t_draft = d0 + k·(d1 + d2·batch + d3·context_tokens)             (uniform batch)
+    t_draft = d0 + K·d1 + d2·Σ_i k_i + d3·Σ_i k_i·context_i          (ragged: K = max_i k_i)
+
+The ragged form reduces to the uniform one when every k_i = k. ``prompt-lookup`` runs in the router:
+its cost is a tiny constant per speculating request (fitted as a least-squares slope on the batch
+size, or 1e-5 s by default). Every drafter costs 0 at k = 0.
+
+Fitting is non-negative least squares (Lawson–Hanson, in numpy) on *relative* residuals (rows
+weighted by 1/seconds), which matches the MAPE we report and keeps small batches from being drowned
+by large ones; columns are scaled before solving for conditioning.
+
+``k_table`` (Synergy) turns a model into a batch-size → k table for a uniform batch with the mean
+acceptance; it is the controller's cold start and fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .base import PROMPT_LOOKUP
+from .goodput import expected_tokens
+
+VERSION = 1
+DEFAULT_PROMPT_LOOKUP_S = 1e-5
+"""Prompt lookup: seconds per speculating request and step when not fitted."""
+
+
+@dataclass(frozen=True)
+class VerifySample:
+    """One measured target (verification) forward."""
+
+    batch: int
+    """Requests in the forward."""
+    scored_tokens: int
+    """New tokens scored: Σ over requests of (tree size + 1)."""
+    context_tokens: int
+    """Σ over requests of the context length."""
+    seconds: float
+    """Measured wall time of the forward."""
+
+
+@dataclass(frozen=True)
+class DraftSample:
+    """One measured drafter call drafting ``k`` levels for ``batch`` requests."""
+
+    drafter: str
+    """Drafter name."""
+    batch: int
+    """Requests in the call."""
+    k: int
+    """Levels drafted (samples with k = 0 carry no information and are ignored)."""
+    context_tokens: int
+    """Σ over requests of the context length."""
+    seconds: float
+    """Measured wall time of the call."""
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin_x ‖a·x − b‖₂ subject to x ≥ 0 (Lawson–Hanson active set)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    max_iter = max_iter or 3 * n + 30
+    tol = 10 * np.finfo(float).eps * max(1.0, float(np.abs(a).max(initial=0.0))) * max(m, n)
+    for _ in range(max_iter):
+        w = a.T @ (b - a @ x)
+        candidates = ~passive & (w > tol)
+        if not candidates.any():
+            break
+        passive[int(np.argmax(np.where(candidates, w, -np.inf)))] = True
+        for _ in range(n + 1):  # each pass drops ≥ 1 index from the passive set
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = float(np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300)))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-14 * max(1.0, float(np.abs(x).max()))
+            x[~passive] = 0.0
+            if not passive.any():
+                break
+    return x
+
+
+def _fit_relative(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative fit of ``features @ coef ≈ seconds`` minimising squared relative error."""
+    w = 1.0 / seconds
+    a = features * w[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(a / scale, np.ones_like(seconds)) / scale
+    return coef
+
+
+def _verify_features(batch: np.ndarray, scored: np.ndarray, context: np.ndarray) -> np.ndarray:
+    mean_ctx = context / np.maximum(batch, 1)
+    return np.stack([np.ones_like(batch), batch, scored, context, scored * mean_ctx], axis=1)
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(what)
+
+
+@dataclass
+class CostModel:
+    """Step-time model; see the module docstring for the formulas."""
+
+    verify: tuple[float, float, float, float, float]
+    """(c0, c1, c2, c3, c4) of the verification model, seconds."""
+    draft: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    """Per model drafter: (d0, d1, d2, d3) of the draft model, seconds."""
+    prompt_lookup_s: float = DEFAULT_PROMPT_LOOKUP_S
+    """Prompt lookup: seconds per speculating request and step."""
+    verify_samples: int = 0
+    """Verification samples the model was fitted on."""
+    draft_samples: dict[str, int] = field(default_factory=dict)
+    """Draft samples (k > 0) per drafter the model was fitted on."""
+
+    # ---- prediction ----------------------------------------------------------------------------
+
+    def has_drafter(self, drafter: str) -> bool:
+        """Whether ``drafter``'s cost is known (prompt lookup always is)."""
+        return drafter == PROMPT_LOOKUP or drafter in self.draft
+
+    def predict_verify(self, batch: int, scored_tokens: int, context_tokens: int) -> float:
+        """Seconds of one target forward; 0 for an empty batch."""
+        if batch <= 0:
+            return 0.0
+        c0, c1, c2, c3, c4 = self.verify
+        return (c0 + c1 * batch + c2 * scored_tokens + c3 * context_tokens
+                + c4 * scored_tokens * (context_tokens / batch))
+
+    def draft_terms(self, drafter: str) -> tuple[float, float, float, float, float]:
+        """(d0, d1, d2, d3, d_req) of the ragged model ``[any k>0]·d0 + K·d1 + d2·Σk + d3·Σk·ctx
+        + d_req·#(k>0)``; raises ``KeyError`` for a drafter with no fitted cost."""
+        if drafter == PROMPT_LOOKUP:
+            return (0.0, 0.0, 0.0, 0.0, self.prompt_lookup_s)
+        if drafter not in self.draft:
+            raise KeyError(f"no draft cost for drafter {drafter!r}; known: {sorted(self.draft)}")
+        return (*self.draft[drafter], 0.0)
+
+    def predict_draft(self, drafter: str, batch: int, k: int, context_tokens: int) -> float:
+        """Seconds of one call drafting ``k`` levels for ``batch`` requests (uniform k)."""
+        if k <= 0 or batch <= 0:
+            return 0.0
+        d0, d1, d2, d3, dr = self.draft_terms(drafter)
+        return d0 + k * (d1 + d2 * batch + d3 * context_tokens) + dr * batch
+
+    def predict_draft_ragged(self, drafter: str, ks: Sequence[int],
+                             contexts: Sequence[int]) -> float:
+        """Seconds of one call where request i drafts ``ks[i]`` levels (0 = not in the call)."""
+        k = np.asarray(ks, dtype=float)
+        active = k > 0
+        if not active.any():
+            return 0.0
+        d0, d1, d2, d3, dr = self.draft_terms(drafter)
+        ctx = np.asarray(contexts, dtype=float)
+        return float(d0 + k.max() * d1 + d2 * k.sum() + d3 * (k * ctx).sum() + dr * active.sum())
+
+    # ---- fitting -------------------------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, verify_samples: Iterable[VerifySample],
+            draft_samples: Iterable[DraftSample] = ()) -> CostModel:
+        """Fit on profiled samples. Needs ≥ 1 verification sample; a drafter with no samples
+        (k > 0) gets no cost (prompt lookup keeps its default)."""
+        vs = list(verify_samples)
+        _check(len(vs) > 0, "CostModel.fit needs at least one verification sample")
+        for s in vs:
+            _check(s.batch > 0 and s.seconds > 0 and s.scored_tokens >= s.batch
+                   and s.context_tokens >= 0, f"invalid verification sample {s}")
+        arr = np.array([[s.batch, s.scored_tokens, s.context_tokens, s.seconds] for s in vs],
+                       dtype=float)
+        c = _fit_relative(_verify_features(arr[:, 0], arr[:, 1], arr[:, 2]), arr[:, 3])
+        by_drafter: dict[str, list[DraftSample]] = {}
+        for s in draft_samples:
+            _check(s.batch > 0 and s.k >= 0 and s.seconds > 0 and s.context_tokens >= 0,
+                   f"invalid draft sample {s}")
+            if s.k > 0:
+                by_drafter.setdefault(s.drafter, []).append(s)
+        draft: dict[str, tuple[float, float, float, float]] = {}
+        pl = DEFAULT_PROMPT_LOOKUP_S
+        for name, ss in sorted(by_drafter.items()):
+            d = np.array([[s.batch, s.k, s.context_tokens, s.seconds] for s in ss], dtype=float)
+            if name == PROMPT_LOOKUP:  # least squares through the origin on the batch size
+                pl = float((d[:, 0] * d[:, 3]).sum() / (d[:, 0] ** 2).sum())
+                continue
+            b, k, ctx = d[:, 0], d[:, 1], d[:, 2]
+            feats = np.stack([np.ones_like(k), k, k * b, k * ctx], axis=1)
+            draft[name] = tuple(float(x) for x in _fit_relative(feats, d[:, 3]))  # type: ignore
+        return cls(verify=tuple(float(x) for x in c),  # type: ignore[arg-type]
+                   draft=draft, prompt_lookup_s=pl, verify_samples=len(vs),
+                   draft_samples={n: len(ss) for n, ss in sorted(by_drafter.items())})
+
+    def mape(self, verify_samples: Iterable[VerifySample],
+             draft_samples: Iterable[DraftSample] = ()) -> dict[str, float]:
+        """Mean absolute percentage error, as a fraction (0.02 = 2 %), per part: ``"verify"``,
+        each drafter with samples (k > 0, known cost) and ``"overall"`` over all of them.
+        Parts with no samples are left out."""
+        errs: dict[str, list[float]] = {}
+        for s in verify_samples:
+            if s.seconds > 0:
+                p = self.predict_verify(s.batch, s.scored_tokens, s.context_tokens)
+                errs.setdefault("verify", []).append(abs(p - s.seconds) / s.seconds)
+        for s in draft_samples:
+            if s.seconds > 0 and s.k > 0 and self.has_drafter(s.drafter):
+                p = self.predict_draft(s.drafter, s.batch, s.k, s.context_tokens)
+                errs.setdefault(s.drafter, []).append(abs(p - s.seconds) / s.seconds)
+        out = {name: float(np.mean(e)) for name, e in errs.items()}
+        every = [x for e in errs.values() for x in e]
+        if every:
+            out["overall"] = float(np.mean(every))
+        return out
+
+    # ---- persistence ---------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, "verify": list(self.verify),
+                "draft": {n: list(d) for n, d in self.draft.items()},
+                "prompt_lookup_s": self.prompt_lookup_s,
+                "samples": {"verify": self.verify_samples, "draft": dict(self.draft_samples)}}
+
+    def save(self, path: str | Path) -> None:
+        """Write the model as JSON (``"version": 1``, coefficients, sample counts)."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """Read a model written by ``save``; ``ValueError`` naming the path if it is missing,
+        not JSON, of another version or malformed."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"cost model file {str(path)!r} does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cost model file {str(path)!r} is unreadable or not JSON: {e}") \
+                from None
+        try:
+            _check(isinstance(raw, dict), "not a JSON object")
+            _check(raw.get("version") == VERSION,
+                   f"version {raw.get('version')!r}, expected {VERSION}")
+            verify = tuple(float(x) for x in raw["verify"])
+            _check(len(verify) == 5, "'verify' needs 5 coefficients")
+            draft = {str(n): tuple(float(x) for x in d) for n, d in raw.get("draft", {}).items()}
+            _check(all(len(d) == 4 for d in draft.values()), "each 'draft' needs 4 coefficients")
+            coefs = [*verify, *(x for d in draft.values() for x in d)]
+            pl = float(raw.get("prompt_lookup_s", DEFAULT_PROMPT_LOOKUP_S))
+            _check(all(math.isfinite(x) for x in [*coefs, pl]), "non-finite coefficient")
+            samples = raw.get("samples", {})
+            return cls(verify=verify, draft=draft, prompt_lookup_s=pl,  # type: ignore[arg-type]
+                       verify_samples=int(samples.get("verify", 0)),
+                       draft_samples={str(n): int(c) for n, c in samples.get("draft", {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"cost model file {str(path)!r} is malformed: {e}") from None
+
+
+def k_table(model: CostModel, acceptance: dict[str, float], batch_sizes: Iterable[int],
+            k_max: int, context: int, *, margin: float = 0.0,
+            pipelined: bool = False) -> dict[int, int]:
+    """Synergy's batch-size → k table from a cost model.
+
+    For each batch size B: a uniform batch of B requests, each with ``context`` tokens of context
+    and the *mean* of ``acceptance`` (over the drafters named there), drafting with cost = the mean
+    predicted draft time over those drafters that have a cost. k maximises::
+
+        B·E(a, k) / (t_draft(B, k) + t_verify(B, B·(k+1), B·context))   (max(·,·) if pipelined)
+
+    with E(a, k) = (1 − a^(k+1)) / (1 − a); k = 0 unless it beats k = 0 by ``margin``; ties go to
+    the smaller k.
+    """
+    names = [n for n in acceptance if model.has_drafter(n)]
+    a = float(np.mean(list(acceptance.values()))) if acceptance else 0.0
+    out: dict[int, int] = {}
+    for b in sorted(set(int(x) for x in batch_sizes)):
+        if b <= 0:
+            continue
+
+        def goodput(k: int) -> float:
+            draft = (float(np.mean([model.predict_draft(n, b, k, b * context) for n in names]))
+                     if names and k > 0 else 0.0)
+            verify = model.predict_verify(b, b * (k + 1), b * context)
+            step = max(draft, verify) if pipelined else draft + verify
+            return b * expected_tokens(a, k) / step if step > 0 else math.inf
+
+        base = goodput(0)
+        best_k, best = 0, base
+        for k in range(1, (k_max if names else 0) + 1):
+            g = goodput(k)
+            if g > best:
+                best_k, best = k, g
+        out[b] = best_k if best >= (1 + margin) * base else 0
+    return out

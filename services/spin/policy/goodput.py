@@ -1,0 +1,312 @@
+"""SmartSpec's speculation-length controller: per step, the k per request that maximises goodput.
+
+Expected tokens of one step for a request with acceptance rate a drafting a chain of k::
+
+    E(a, k) = (1 − a^(k+1)) / (1 − a)        (k + 1 when a = 1; 1 when k = 0)
+
+so one more draft token adds a^(k+1). Goodput of an assignment k_1..k_B over a batch::
+
+    G(k) = Σ_i E(a_i, k_i) / T(k)
+    T(k) = max_d t_draft(d, sub-batch of d) + t_verify(B, Σ_i (k_i + 1), Σ_i context_i)
+
+with drafters running concurrently (hence the max) and, when ``pipelined`` (SPIN's pipeline, which
+overlaps drafting of one micro-batch with verification of another), T(k) = max(draft, verify)
+instead of the sum. Times come from ``cost_model.CostModel``.
+
+Acceptance a_i is tracked per (request, drafter) by ``AcceptanceTracker``: a step that drafts k
+tokens and accepts m of them is a geometric run truncated at k — m successes, plus one failure when
+m < k (the chain stops at the first rejection; m = k is censored: we only know the run lasted ≥ k).
+For such data the maximum-likelihood estimate is a = S / (S + F) with S = accepted tokens and F =
+rejections, which is consistent (E[S] = a(1 − a^k)/(1 − a), E[F] = 1 − a^k, ratio a). We keep
+exponentially discounted S and F (the newest step weighted ``ema``, older ones by (1 − ema)^age),
+seeded with ``prior_trials`` pseudo-trials at the population rate of the drafter. (SmartSpec's own
+EMA of accepted/drafted underestimates a because of the truncation; EMA-ing accepted/(accepted + 1)
+is biased too, e.g. 0.31 for a = 0.5.)
+
+Search: greedy coordinate ascent. From all k = 0 repeatedly apply the single ±1 change of one
+request's k (0..k_max) with the best goodput; stop when none improves. Because a drafter call has a
+fixed cost (launch, one forward per level), the first +1 alone may not pay while k = 3 does, so the
+ascent is also run from the best *uniform* k (SmartSpec's scan of k = 0..k_max) and the better end
+point wins. Finally the margin rule: unless the best goodput beats all-zeros by ``margin``, every
+request gets k = 0. Without a cost model the controller uses a batch-size → k table (Synergy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+
+DEFAULT_TABLE: dict[int, int] = {1: 4, 4: 3, 16: 2, 32: 1, 64: 0}
+"""Batch size → k when there is no cost model (nearest batch size at or below)."""
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens of one step: (1 − a^(k+1)) / (1 − a); k + 1 when a = 1, 1 when k = 0."""
+    if k <= 0:
+        return 1.0
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def _expected_tokens_v(a: np.ndarray, k: np.ndarray) -> np.ndarray:
+    one = a >= 1.0
+    safe = np.where(one, 0.0, a)
+    return np.where(one, k + 1.0, (1.0 - safe ** (k + 1)) / (1.0 - safe))
+
+
+@dataclass
+class ControllerConfig:
+    """Settings of the speculation-length controller and its acceptance tracker."""
+
+    k_max: int = 8
+    """Largest speculation length chosen."""
+    margin: float = 0.10
+    """Speculate only when the predicted goodput beats k = 0 for all by this fraction."""
+    ema: float = 0.3
+    """Weight of the newest step in the per-request acceptance moving average (0 < ema ≤ 1)."""
+    prior_acceptance: float = 0.5
+    """Acceptance used for a drafter with no population estimate."""
+    min_observations: int = 0
+    """Steps a (request, drafter) must have been observed before its own estimate is used; until
+    then the population (or prior) acceptance is."""
+    prior_trials: float = 2.0
+    """Weight of the population seed, in pseudo draft tokens (trials) at the population rate."""
+    pipelined: bool = False
+    """Step time = max(draft, verify) (SPIN's pipeline) instead of draft + verify."""
+
+    def __post_init__(self) -> None:
+        if self.k_max < 0 or not 0.0 < self.ema <= 1.0 or self.margin < 0:
+            raise ValueError(f"invalid controller config {self}")
+        if not 0.0 <= self.prior_acceptance <= 1.0 or self.prior_trials <= 0:
+            raise ValueError(f"invalid controller config {self}")
+
+
+@dataclass
+class _Acc:
+    s: float
+    """Discounted accepted tokens."""
+    f: float
+    """Discounted rejections."""
+    n: int = 0
+    """Steps observed."""
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per (request, drafter) acceptance rate: discounted truncated-geometric MLE (module doc)."""
+
+    cfg: ControllerConfig = field(default_factory=ControllerConfig)
+    """Uses ``ema``, ``prior_acceptance``, ``prior_trials`` and ``min_observations``."""
+    population: dict[str, float] = field(default_factory=dict)
+    """Per-drafter population acceptance: the seed of new requests."""
+    _state: dict[str, dict[str, _Acc]] = field(default_factory=dict, repr=False)
+
+    def set_population(self, rates: dict[str, float]) -> None:
+        """Replace the per-drafter population rates (requests already seen keep their state)."""
+        self.population = {d: min(1.0, max(0.0, float(a))) for d, a in rates.items()}
+
+    def prior(self, drafter: str) -> float:
+        return self.population.get(drafter, self.cfg.prior_acceptance)
+
+    def update(self, request_id: str, drafter: str, k: int, accepted: int) -> None:
+        """One step of ``request_id`` drafted ``k`` tokens with ``drafter``; ``accepted`` of
+        them were accepted (chain prefix). k = 0 carries no information and is ignored."""
+        if not 0 <= accepted <= max(k, 0):
+            raise ValueError(f"accepted={accepted} outside 0..k={k}")
+        if k <= 0:
+            return
+        per = self._state.setdefault(request_id, {})
+        st = per.get(drafter)
+        if st is None:
+            a0 = self.prior(drafter)
+            st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
+        w = self.cfg.ema
+        st.s = (1 - w) * st.s + w * accepted
+        st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
+        st.n += 1
+
+    def observations(self, request_id: str, drafter: str) -> int:
+        st = self._state.get(request_id, {}).get(drafter)
+        return st.n if st else 0
+
+    def get(self, request_id: str, drafter: str) -> float:
+        """The acceptance estimate of ``request_id`` with ``drafter``."""
+        st = self._state.get(request_id, {}).get(drafter)
+        if st is None or st.n < self.cfg.min_observations or st.s + st.f <= 0:
+            return self.prior(drafter)
+        return st.s / (st.s + st.f)
+
+    def release(self, request_id: str) -> None:
+        self._state.pop(request_id, None)
+
+
+class _Batch:
+    """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
+
+    def __init__(self, cost: CostModel, batch: list[tuple[str, str | None, int]],
+                 acc: np.ndarray, pipelined: bool) -> None:
+        self.cost, self.pipelined = cost, pipelined
+        self.names = sorted({d for _, d, _ in batch if d is not None and cost.has_drafter(d)})
+        pos = {d: i for i, d in enumerate(self.names)}
+        self.idx = np.array([pos.get(d, -1) if d is not None else -1 for _, d, _ in batch],
+                            dtype=int)
+        self.eligible = self.idx >= 0
+        self.ctx = np.array([c for _, _, c in batch], dtype=float)
+        self.a = acc
+        self.terms = np.array([cost.draft_terms(d) for d in self.names]).reshape(-1, 5)
+        self.b, self.c_total = len(batch), float(self.ctx.sum())
+
+    def verify(self, scored: float) -> float:
+        return self.cost.predict_verify(self.b, int(scored), int(self.c_total))
+
+    def aggregates(self, k: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per drafter: max k, count at max, #active, Σk, Σk·ctx."""
+        nd = len(self.names)
+        e = self.eligible
+        d, kd, cd = self.idx[e], k[e], self.ctx[e]
+        kmax = np.zeros(nd)
+        np.maximum.at(kmax, d, kd)
+        cnt = np.bincount(d, weights=(kd == kmax[d]), minlength=nd)
+        act = np.bincount(d, weights=(kd > 0), minlength=nd)
+        sk = np.bincount(d, weights=kd, minlength=nd)
+        skc = np.bincount(d, weights=kd * cd, minlength=nd)
+        return kmax, cnt, act, sk, skc
+
+    def draft_time(self, d: np.ndarray | int, kmax, act, sk, skc) -> np.ndarray:
+        t = self.terms[d]
+        return ((act > 0) * t[..., 0] + kmax * t[..., 1] + sk * t[..., 2] + skc * t[..., 3]
+                + act * t[..., 4])
+
+    def combine(self, draft: np.ndarray | float, verify: float) -> np.ndarray | float:
+        step = np.maximum(draft, verify) if self.pipelined else draft + verify
+        return np.maximum(step, 1e-12)
+
+    def step_s(self, k: np.ndarray) -> float:
+        kmax, _, act, sk, skc = self.aggregates(k)
+        drafts = self.draft_time(np.arange(len(self.names)), kmax, act, sk, skc)
+        return float(self.combine(drafts.max(initial=0.0), self.verify((k + 1).sum())))
+
+    def goodput(self, k: np.ndarray) -> float:
+        return float(_expected_tokens_v(self.a, k).sum()) / self.step_s(k)
+
+    def ascend(self, k: np.ndarray, k_max: int) -> tuple[np.ndarray, float]:
+        """Greedy ±1 coordinate ascent from ``k``; returns the end point and its goodput."""
+        k = k.copy()
+        g = self.goodput(k)
+        all_d = np.arange(len(self.names))
+        for _ in range(4 * (k_max + 1) * max(self.b, 1)):  # strictly increasing: a safety cap
+            kmax, cnt, act, sk, skc = self.aggregates(k)
+            drafts = self.draft_time(all_d, kmax, act, sk, skc)
+            others = np.array([np.delete(drafts, d).max(initial=0.0) for d in all_d])
+            tokens = float(_expected_tokens_v(self.a, k).sum())
+            scored = float((k + 1).sum())
+            best_g, best_i, best_step = g, -1, 0
+            threshold = g * (1 + 1e-12)
+            for step, ok in ((+1, self.eligible & (k < k_max)), (-1, self.eligible & (k > 0))):
+                i = np.flatnonzero(ok)
+                if i.size == 0:
+                    continue
+                d, ki, ci = self.idx[i], k[i], self.ctx[i]
+                if step > 0:
+                    new_max = np.maximum(kmax[d], ki + 1)
+                    new_act = act[d] + (ki == 0)
+                    gain = self.a[i] ** (ki + 1)
+                else:
+                    new_max = kmax[d] - ((ki == kmax[d]) & (cnt[d] == 1))
+                    new_act = act[d] - (ki == 1)
+                    gain = -(self.a[i] ** ki)
+                new_draft = self.draft_time(d, new_max, new_act, sk[d] + step,
+                                            skc[d] + step * ci)
+                t = self.combine(np.maximum(new_draft, others[d]), self.verify(scored + step))
+                cand = (tokens + gain) / t
+                j = int(np.argmax(cand))
+                if cand[j] > max(best_g, threshold):
+                    best_g, best_i, best_step = float(cand[j]), int(i[j]), step
+            if best_i < 0:
+                break
+            k[best_i] += best_step
+            g = best_g
+        return k, g
+
+
+class SpecLengthController:
+    """Chooses k per request and step (SmartSpec) from acceptance estimates and a cost model."""
+
+    def __init__(self, cost: CostModel | None = None, cfg: ControllerConfig | None = None,
+                 table: dict[int, int] | None = None) -> None:
+        self.cost = cost
+        """Step-time model; None = use ``table``."""
+        self.cfg = cfg or ControllerConfig()
+        self.table = dict(sorted((table or DEFAULT_TABLE).items()))
+        """Batch size → k fallback (nearest batch size at or below; the smallest below all)."""
+        self.tracker = AcceptanceTracker(self.cfg)
+
+    # ---- learning ------------------------------------------------------------------------------
+
+    def observe(self, request_id: str, drafter: str, k: int, accepted: int) -> None:
+        self.tracker.update(request_id, drafter, k, accepted)
+
+    def release(self, request_id: str) -> None:
+        self.tracker.release(request_id)
+
+    # ---- choice --------------------------------------------------------------------------------
+
+    def table_k(self, batch_size: int) -> int:
+        keys = [b for b in self.table if b <= batch_size] or [min(self.table, default=0)]
+        return min(self.table.get(max(keys), 0), self.cfg.k_max)
+
+    def _batch(self, batch: list[tuple[str, str | None, int]]) -> _Batch:
+        assert self.cost is not None
+        acc = np.array([self.tracker.get(r, d) if d is not None else 0.0 for r, d, _ in batch],
+                       dtype=float)
+        return _Batch(self.cost, batch, acc, self.cfg.pipelined)
+
+    def choose(self, batch: list[tuple[str, str | None, int]]) -> list[int]:
+        """k in 0..k_max per (request_id, drafter or None, context_len); None → 0. A drafter the
+        cost model has no cost for also gets 0 (we do not speculate blind)."""
+        if not batch:
+            return []
+        if self.cost is None:
+            k = self.table_k(len(batch))
+            return [k if d is not None else 0 for _, d, _ in batch]
+        bt = self._batch(batch)
+        zero = np.zeros(len(batch))
+        g0 = bt.goodput(zero)
+        if not bt.eligible.any() or self.cfg.k_max == 0:
+            return [0] * len(batch)
+        uniform = max((bt.goodput(j * bt.eligible), j) for j in range(self.cfg.k_max, 0, -1))
+        best_k, best_g = bt.ascend(zero, self.cfg.k_max)
+        k_u, g_u = bt.ascend(uniform[1] * bt.eligible.astype(float), self.cfg.k_max)
+        if g_u > best_g:
+            best_k, best_g = k_u, g_u
+        if best_g < (1 + self.cfg.margin) * g0:
+            return [0] * len(batch)
+        return [int(x) for x in best_k]
+
+    def predicted_goodput(self, batch: list[tuple[str, str | None, int]],
+                          ks: list[int]) -> float:
+        """Predicted tokens per second of ``ks``; NaN without a cost model."""
+        if self.cost is None:
+            return math.nan
+        bt = self._batch(batch)
+        return bt.goodput(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
+
+    def predicted_step_s(self, batch: list[tuple[str, str | None, int]], ks: list[int]) -> float:
+        """Predicted seconds of one step running ``ks`` (NaN without a cost model). Requests with
+        no drafter, or one with no cost, add their k + 1 scored tokens but no draft time."""
+        if len(ks) != len(batch):
+            raise ValueError(f"{len(ks)} k values for {len(batch)} requests")
+        if self.cost is None:
+            return math.nan
+        bt = self._batch(batch)
+        k = np.asarray(ks, dtype=float)
+        kmax, _, act, sk, skc = bt.aggregates(np.where(bt.eligible, k, 0.0))
+        drafts = bt.draft_time(np.arange(len(bt.names)), kmax, act, sk, skc)
+        return float(bt.combine(drafts.max(initial=0.0), bt.verify((k + 1).sum())))

@@ -1,0 +1,399 @@
+"""SPIN draft selection: a multi-armed bandit per request over the available drafters.
+
+Arms are the draft models plus ``prompt-lookup``. A verification step of a request with drafter d
+gives the reward ``tokens / seconds``: the step's goodput, tokens = accepted + 1 (the target's bonus
+or correction token), seconds = draft + verify seconds of the step + ``switch_cost_s(request, d)``
+(the catch-up prefill a model drafter pays when it was not the request's previous drafter).
+
+Warm start: ``set_population`` gives every drafter a prior mean reward from the population
+statistics (Redis, all requests and router replicas) worth at most ``prior_strength`` observations,
+so a new request starts from the population and learns its own difficulty in a few steps. Rewards
+are normalised by the best prior mean (by the request's first reward when there is no population),
+so tokens/s scales do not matter. A drafter with no population data gets an optimistic prior
+(``optimistic_mean``) so it is tried.
+
+Measured regret (the fraction of the per-request oracle's summed expected goodput that is lost;
+3-class workload; population prior = the class mixture, so it is wrong for every request), from
+``print(regret_table(three_class_workload(), steps=(16, 32, 64), requests=1500, seed=0))`` (~5 s):
+
+    algorithm      16 steps    32 steps    64 steps
+    thompson          0.131       0.083       0.050
+    ucb               0.127       0.079       0.043
+    greedy            0.146       0.113       0.087
+
+Default: UCB (``ucb_c`` 0.3): the lowest regret at every horizon (seed 1: same order), deterministic
+given the data, and its first step is the prior's best arm. Thompson (``thompson_scale`` 0.5) is
+within 0.01, also on three other hand-made workloads at 32 steps, where plain Thompson (scale 1) or
+ucb_c 0.5 lost 0.01-0.03 more. Epsilon-greedy pays epsilon forever. At 32 steps with a correct prior
+(``prior="class"``) regret is 0.009 (ucb) / 0.004 (thompson); with none, 0.144 / 0.144: the rest
+above is finding the class's arm through noisy steps (1..5 tokens each).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
+
+from .base import PROMPT_LOOKUP
+
+if TYPE_CHECKING:
+    from spin.stats.store import DrafterStats
+
+Algorithm = Literal["thompson", "ucb", "greedy"]
+ALGORITHMS: tuple[Algorithm, ...] = ("thompson", "ucb", "greedy")
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    """How the per-request bandit explores and learns."""
+
+    algorithm: Algorithm = "ucb"
+    """'thompson' (Gaussian posterior sampling), 'ucb' (UCB1-style bonus) or 'greedy' (epsilon)."""
+    prior_strength: float = 3.0
+    """Cap on the pseudo-count of a population prior: it weighs at most this many observations."""
+    switch_cost_s: float = 0.002
+    """Catch-up prefill seconds a drafter pays in a step when it was not the previous drafter."""
+    switch_free: frozenset[str] = frozenset({PROMPT_LOOKUP})
+    """Drafters without a KV cache to catch up (model-free): their switch cost is always 0."""
+    thompson_scale: float = 0.5
+    """Multiplier of the posterior standard deviation Thompson samples with (1 = plain Thompson;
+    0.5 measured better: per-step goodput is noisy, tokens 1..k+1, and the gaps are large)."""
+    ucb_c: float = 0.3
+    """Exploration coefficient of UCB: bonus = ucb_c * sqrt(ln(t) / weight), t = the request's steps
+    + 1 (so the first step follows the prior), weight = prior pseudo-count + observations."""
+    epsilon: float = 0.1
+    """Probability that 'greedy' picks a uniformly random available drafter."""
+    seed: int | None = 0
+    """Seed of the selector's one ``random.Random`` (None: not reproducible)."""
+    discount: float = 1.0
+    """Exponential forgetting per step of a request (1.0 = none; 0.95 tracks drifting requests)."""
+    prior_var: float = 0.1
+    """Per-step variance of a normalised reward, counted as one pseudo-observation (Thompson)."""
+    var_floor: float = 0.01
+    """Lower bound of an arm's estimated per-step variance (normalised rewards), for Thompson."""
+    optimistic_mean: float = 1.25
+    """Normalised prior mean of a drafter without population data (> 1: above the best known).
+    With no population data at all, every drafter is untried and tried once before any repeat."""
+    optimistic_weight: float = 1.0
+    """Pseudo-count of that optimistic prior."""
+
+
+@dataclass(frozen=True)
+class PopulationArm:
+    """What the population knows about one drafter."""
+
+    mean_reward: float
+    """Mean goodput of a step (tokens per second)."""
+    observations: int
+    """Steps behind that mean (0 = no data: the drafter gets the optimistic prior)."""
+
+
+def population_from_stats(stats: dict[str, DrafterStats],
+                          step_s_hint: float | None = None) -> dict[str, PopulationArm]:
+    """Population priors from acceptance statistics.
+
+    mean_reward = (drafts + accepted_tokens) / (draft_seconds + verify_seconds): tokens emitted per
+    second over all steps (each step emits its accepted tokens plus one). When a drafter has steps
+    but no recorded time, ``step_s_hint`` (seconds per step) stands in for it; without a hint such a
+    drafter is left out (and gets the optimistic prior). observations = drafts.
+    """
+    out: dict[str, PopulationArm] = {}
+    for name, s in stats.items():
+        seconds = s.draft_seconds + s.verify_seconds
+        if seconds <= 0.0 and step_s_hint is not None and step_s_hint > 0.0:
+            seconds = s.drafts * step_s_hint
+        if s.drafts > 0 and seconds > 0.0:
+            out[name] = PopulationArm((s.drafts + s.accepted_tokens) / seconds, s.drafts)
+    return out
+
+
+@dataclass
+class _Arm:
+    """Posterior of one drafter in one request (normalised rewards)."""
+
+    mean: float
+    """Posterior mean of the normalised reward."""
+    weight: float
+    """Prior pseudo-count + (discounted) observations."""
+    m2: float
+    """Weighted sum of squared deviations from ``mean`` (pseudo-counts sit at the prior mean)."""
+    n: int = 0
+    """Own observations in this request."""
+
+    def variance(self, prior_var: float, floor: float) -> float:
+        """Per-step reward variance; ``prior_var`` counts as one pseudo-observation."""
+        return max(floor, (self.m2 + prior_var) / (self.weight + 1.0))
+
+
+@dataclass
+class _Request:
+    scale: float | None
+    """Reward that normalises to 1.0 (best prior mean, or the first reward)."""
+    arms: dict[str, _Arm] = field(default_factory=dict)
+    """Drafter -> posterior, created when the drafter is first available or used."""
+    previous: str | None = None
+    """Drafter of the last step (no switch cost for it)."""
+    steps: int = 0
+    """Steps learned from."""
+
+
+class DraftSelector:
+    """Per-request bandit over drafters; see the module docstring. Thread-safe."""
+
+    def __init__(self, config: SelectorConfig | None = None,
+                 population: dict[str, PopulationArm] | None = None) -> None:
+        self.config = config or SelectorConfig()
+        if self.config.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.config.algorithm!r}")
+        if not 0.0 < self.config.discount <= 1.0:
+            raise ValueError("discount must be in (0, 1]")
+        self._rng = random.Random(self.config.seed)
+        self._lock = threading.Lock()
+        self._requests: dict[str, _Request] = {}
+        self._population: dict[str, PopulationArm] = {}
+        self._scale: float | None = None
+        self.set_population(population or {})
+
+    def set_population(self, stats: dict[str, PopulationArm]) -> None:
+        """Replace the population priors; running requests keep the priors they started with."""
+        usable = {n: a for n, a in stats.items()
+                  if a.observations > 0 and math.isfinite(a.mean_reward) and a.mean_reward >= 0.0}
+        with self._lock:
+            self._population = usable
+            self._scale = max((a.mean_reward for a in usable.values()), default=0.0) or None
+
+    def choose(self, request_id: str, available: set[str]) -> str:
+        """The drafter for the request's next step, one of ``available``."""
+        if not available:
+            raise ValueError("no drafter available")
+        cfg = self.config
+        with self._lock:
+            req = self._request(request_id)
+            names = sorted(available)
+            arms = [self._arm(req, name) for name in names]
+            untried = [name for name, a in zip(names, arms) if a.weight <= 0.0]
+            if untried:  # no prior and no observation: try it (infinitely optimistic)
+                return self._rng.choice(untried)
+            if cfg.algorithm == "thompson":
+                sds = [math.sqrt(a.variance(cfg.prior_var, cfg.var_floor) / a.weight) for a in arms]
+                scores = [a.mean + cfg.thompson_scale * sd * self._rng.gauss(0.0, 1.0)
+                          for a, sd in zip(arms, sds)]
+            elif cfg.algorithm == "ucb":
+                log_t = math.log(req.steps + 1)
+                scores = [a.mean + cfg.ucb_c * math.sqrt(log_t / a.weight) for a in arms]
+            else:
+                if self._rng.random() < cfg.epsilon:
+                    return self._rng.choice(names)
+                scores = [a.mean for a in arms]
+            best = max(scores)
+            ties = [name for name, s in zip(names, scores) if s == best]
+            return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+
+    def switch_cost_s(self, request_id: str, drafter: str) -> float:
+        """Seconds ``drafter`` adds to the request's next step: 0 when it was the previous drafter
+        (or needs no KV cache), else ``config.switch_cost_s`` (catch-up prefill)."""
+        with self._lock:
+            req = self._requests.get(request_id)
+            previous = req.previous if req is not None else None
+        if drafter == previous or drafter in self.config.switch_free:
+            return 0.0
+        return self.config.switch_cost_s
+
+    def update(self, request_id: str, drafter: str, tokens: int, seconds: float) -> None:
+        """Learn from one step: ``tokens`` emitted in ``seconds`` (switch cost included)."""
+        if not (seconds > 0.0 and math.isfinite(seconds)) or tokens < 0:
+            return  # nothing sensible to learn; the previous drafter stays as it was
+        reward = tokens / seconds
+        with self._lock:
+            req = self._request(request_id)
+            if req.scale is None:
+                req.scale = reward or None
+            arm = self._arm(req, drafter)
+            gamma = self.config.discount
+            if gamma < 1.0:
+                for other in req.arms.values():
+                    other.weight *= gamma
+                    other.m2 *= gamma
+            x = reward / req.scale if req.scale else 0.0
+            arm.weight += 1.0
+            delta = x - arm.mean
+            arm.mean += delta / arm.weight
+            arm.m2 += delta * (x - arm.mean)
+            arm.n += 1
+            req.previous = drafter
+            req.steps += 1
+
+    def release(self, request_id: str) -> None:
+        """Forget the request (finished or cancelled)."""
+        with self._lock:
+            self._requests.pop(request_id, None)
+
+    def snapshot(self, request_id: str) -> dict[str, tuple[float, int]]:
+        """Drafter -> (posterior mean reward in tokens/s, own observations) of a running request."""
+        with self._lock:
+            req = self._requests.get(request_id)
+            if req is None:
+                return {}
+            scale = req.scale or 1.0
+            return {name: (a.mean * scale, a.n) for name, a in sorted(req.arms.items())}
+
+    def active_requests(self) -> int:
+        """Requests with state here."""
+        with self._lock:
+            return len(self._requests)
+
+    def _request(self, request_id: str) -> _Request:
+        return self._requests.get(request_id) or self._requests.setdefault(
+            request_id, _Request(scale=self._scale))
+
+    def _arm(self, req: _Request, name: str) -> _Arm:
+        arm = req.arms.get(name)
+        if arm is None:
+            cfg = self.config
+            pop = self._population.get(name)
+            if pop is not None and req.scale:
+                mean = pop.mean_reward / req.scale
+                weight = min(pop.observations, cfg.prior_strength)
+            elif req.scale:  # nothing known about it: optimistic relative to the request's scale
+                mean, weight = cfg.optimistic_mean, cfg.optimistic_weight
+            else:  # nothing known at all: untried, chosen before any tried drafter
+                mean, weight = 0.0, 0.0
+            arm = req.arms[name] = _Arm(mean, weight, 0.0)
+        return arm
+
+
+# ----------------------------------------------------------------------------- simulation
+
+SIM_K = 4
+"""Draft tokens per simulated step."""
+SIM_VERIFY_S = 0.020
+"""Verify seconds of a simulated step (shared by all drafters)."""
+
+
+@dataclass(frozen=True)
+class SimArm:
+    """One drafter on one request class, for the regret simulation."""
+
+    name: str
+    """Drafter name."""
+    accept_rate: float
+    """Probability that each draft token is accepted (i.i.d.; the chain stops at a rejection)."""
+    draft_s_per_token: float
+    """Drafting seconds per draft token."""
+    request_class: str = "default"
+    """Request class this arm describes (each class lists every drafter)."""
+
+    def expected_tokens(self, k: int = SIM_K) -> float:
+        """1 + E[accepted] = sum_{i=0..k} accept_rate^i."""
+        return sum(self.accept_rate ** i for i in range(k + 1))
+
+    def step_seconds(self, switch_s: float = 0.0, k: int = SIM_K) -> float:
+        """Verify + draft (+ switch) seconds of a step."""
+        return SIM_VERIFY_S + k * self.draft_s_per_token + switch_s
+
+    def expected_goodput(self, switch_s: float = 0.0) -> float:
+        """Expected tokens per second of a step."""
+        return self.expected_tokens() / self.step_seconds(switch_s)
+
+    def sample_tokens(self, rng: random.Random, k: int = SIM_K) -> int:
+        """Tokens emitted by one step: 1 + accepted draft tokens."""
+        tokens = 1
+        for _ in range(k):
+            if rng.random() >= self.accept_rate:
+                break
+            tokens += 1
+        return tokens
+
+
+def three_class_workload() -> list[SimArm]:
+    """Code, prose and structured requests; each class has a different best draft model."""
+    names = ("draft-code", "draft-prose", "draft-structured", PROMPT_LOOKUP)
+    rates = {  # class -> accept rate of each of ``names``
+        "code": (0.85, 0.55, 0.60, 0.35),
+        "prose": (0.50, 0.80, 0.50, 0.20),
+        "structured": (0.60, 0.50, 0.85, 0.50),
+    }
+    return [SimArm(name, rate, 0.0001 if name == PROMPT_LOOKUP else 0.002, cls)
+            for cls, row in rates.items() for name, rate in zip(names, row)]
+
+
+def _classes(arms: list[SimArm]) -> dict[str, dict[str, SimArm]]:
+    out: dict[str, dict[str, SimArm]] = {}  # class -> drafter -> arm
+    for arm in arms:
+        out.setdefault(arm.request_class, {})[arm.name] = arm
+    return out
+
+
+def mixture_population(arms: list[SimArm], observations: int = 1000) -> dict[str, PopulationArm]:
+    """The population prior of a workload with equally many requests per class."""
+    classes = _classes(arms)
+    names = sorted({a.name for a in arms})
+    return {n: PopulationArm(sum(c[n].expected_goodput() for c in classes.values()) / len(classes),
+                             observations) for n in names}
+
+
+def class_population(arms: list[SimArm], request_class: str,
+                     observations: int = 1000) -> dict[str, PopulationArm]:
+    """A prior that is exactly right for one class."""
+    return {a.name: PopulationArm(a.expected_goodput(), observations)
+            for a in arms if a.request_class == request_class}
+
+
+def simulate_regret(algorithm: Algorithm, arms: list[SimArm], steps: int, requests: int,
+                    seed: int = 0, config: SelectorConfig | None = None,
+                    prior: Literal["mixture", "class", "none"] = "mixture") -> float:
+    """Regret of the selector as a fraction of the oracle's summed expected goodput.
+
+    Requests cycle through the classes of ``arms``; each runs ``steps`` steps, each step pays the
+    selector's switch cost. Achieved = summed expected goodput of the chosen drafters (pseudo-
+    regret: the sampled tokens drive learning, their luck does not count); oracle = the best
+    single drafter of the request's class (paying its first catch-up prefill). ``prior``: the
+    population mixture (wrong for every class), the request's own class (correct), or none (no
+    population: every drafter is tried once first).
+    """
+    cfg = replace(config or SelectorConfig(), algorithm=algorithm, seed=seed)
+    classes = _classes(arms)
+    class_names = sorted(classes)
+    sel = DraftSelector(cfg, mixture_population(arms) if prior == "mixture" else None)
+    env = random.Random(seed + 1_000_003)
+    regret = oracle_total = 0.0
+    for i in range(requests):
+        cls_name, rid = class_names[i % len(class_names)], f"req-{i}"
+        cls = classes[cls_name]
+        if prior == "class":
+            sel.set_population(class_population(arms, cls_name))
+        oracle = max(a.expected_goodput(sel.switch_cost_s(rid, a.name))
+                     + (steps - 1) * a.expected_goodput() for a in cls.values())
+        achieved = 0.0
+        for _ in range(steps):
+            name = sel.choose(rid, set(cls))
+            switch = sel.switch_cost_s(rid, name)
+            achieved += cls[name].expected_goodput(switch)
+            sel.update(rid, name, cls[name].sample_tokens(env), cls[name].step_seconds(switch))
+        sel.release(rid)
+        regret += oracle - achieved
+        oracle_total += oracle
+    return regret / oracle_total
+
+
+def compare_algorithms(arms: list[SimArm], steps: int = 32, requests: int = 300, seed: int = 0,
+                       config: SelectorConfig | None = None) -> dict[str, float]:
+    """Algorithm -> regret fraction on the same workload and seed."""
+    return {alg: simulate_regret(alg, arms, steps, requests, seed, config) for alg in ALGORITHMS}
+
+
+def regret_table(arms: list[SimArm], steps: tuple[int, ...] = (16, 32, 64), requests: int = 300,
+                 seed: int = 0, config: SelectorConfig | None = None) -> str:
+    """A printable table: one row per algorithm, one regret column per horizon."""
+    rows = {s: compare_algorithms(arms, s, requests, seed, config) for s in steps}
+    lines = ["algorithm  " + "".join(f"{s:>6} steps" for s in steps)]
+    for alg in ALGORITHMS:
+        lines.append(f"{alg:<11}" + "".join(f"{rows[s][alg]:>12.3f}" for s in steps))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(regret_table(three_class_workload()))

@@ -1,0 +1,223 @@
+"""SmartSpec speculation-length controller: expected tokens, acceptance tracking, k choice."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from spin.policy.base import PROMPT_LOOKUP
+from spin.policy.cost_model import CostModel
+from spin.policy.goodput import (DEFAULT_TABLE, AcceptanceTracker, ControllerConfig,
+                                 SpecLengthController, expected_tokens)
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens(0.5, 3) == pytest.approx(1.875)
+    assert expected_tokens(0.8, 2) == pytest.approx(1 + 0.8 + 0.64)
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.999999, 4) == pytest.approx(5.0, rel=1e-5)
+
+
+def _geometric_steps(rng: np.random.Generator, a: float, k: int, n: int) -> list[int]:
+    """Accepted tokens of ``n`` chain steps: successes before the first failure, capped at k."""
+    return [min(int(rng.geometric(1 - a)) - 1, k) for _ in range(n)]
+
+
+@pytest.mark.parametrize("a", [0.2, 0.5, 0.7, 0.9])
+def test_estimator_converges_to_true_acceptance(a: float) -> None:
+    rng = np.random.default_rng(int(a * 100))
+    t = AcceptanceTracker(ControllerConfig(ema=0.02))
+    t.set_population({"d": 0.5})
+    for acc in _geometric_steps(rng, a, 4, 200):
+        t.update("r", "d", 4, acc)
+    assert t.get("r", "d") == pytest.approx(a, abs=0.05)
+    assert t.observations("r", "d") == 200
+
+
+def test_estimator_is_unbiased_under_censoring_with_default_ema() -> None:
+    # k = 2 censors most runs at a = 0.8; the estimate still centres on a (a naive EMA of
+    # accepted/k would centre on E[min(G, 2)]/2 = 0.72, and of accepted/(accepted+1) lower still).
+    rng = np.random.default_rng(7)
+    t = AcceptanceTracker(ControllerConfig())
+    est = []
+    for acc in _geometric_steps(rng, 0.8, 2, 3000):
+        t.update("r", "d", 2, acc)
+        est.append(t.get("r", "d"))
+    assert np.mean(est[100:]) == pytest.approx(0.8, abs=0.03)
+
+
+def test_tracker_seed_prior_min_observations_and_release() -> None:
+    t = AcceptanceTracker(ControllerConfig(prior_acceptance=0.4, min_observations=2))
+    assert t.get("r", "d") == 0.4
+    t.set_population({"d": 0.9, "e": 1.5})
+    assert t.get("r", "d") == 0.9 and t.get("r", "e") == 1.0 and t.get("r", "x") == 0.4
+    t.update("r", "d", 4, 0)
+    assert t.get("r", "d") == 0.9  # one observation < min_observations
+    t.update("r", "d", 4, 0)
+    assert t.get("r", "d") < 0.9
+    t.update("r", "d", 0, 0)  # k = 0: no information
+    assert t.observations("r", "d") == 2
+    assert t.get("other", "d") == 0.9
+    t.release("r")
+    assert t.get("r", "d") == 0.9 and t.observations("r", "d") == 0
+    t.release("never-seen")
+    with pytest.raises(ValueError):
+        t.update("r", "d", 3, 4)
+
+
+def test_tracker_all_accepted_moves_towards_one() -> None:
+    t = AcceptanceTracker(ControllerConfig())
+    t.set_population({"d": 0.5})
+    for _ in range(30):
+        t.update("r", "d", 4, 4)
+    assert t.get("r", "d") > 0.98
+
+
+def _flat_verify_model() -> CostModel:
+    """Verification independent of scored tokens (memory-bound); cheap drafting."""
+    return CostModel(verify=(1e-2, 1e-5, 0.0, 0.0, 0.0), draft={"d": (1e-4, 1e-4, 1e-6, 0.0)})
+
+
+def _batch(n: int, drafter: str | None = "d", ctx: int = 500) -> list[tuple[str, str | None, int]]:
+    return [(f"r{i}", drafter, ctx) for i in range(n)]
+
+
+def _ctl(cost: CostModel | None, a: dict[str, float] | None = None,
+         **cfg: object) -> SpecLengthController:
+    c = SpecLengthController(cost, ControllerConfig(**cfg))  # type: ignore[arg-type]
+    c.tracker.set_population(a or {})
+    return c
+
+
+def test_no_speculation_when_acceptance_is_near_zero() -> None:
+    c = _ctl(_flat_verify_model(), {"d": 0.01})
+    assert c.choose(_batch(1)) == [0]
+    assert c.choose(_batch(16)) == [0] * 16
+
+
+def test_long_speculation_when_acceptance_high_and_verify_free() -> None:
+    c = _ctl(_flat_verify_model(), {"d": 0.95})
+    for n in (1, 8, 32):
+        ks = c.choose(_batch(n))
+        assert min(ks) >= c.cfg.k_max - 1, (n, ks)
+
+
+def _compute_bound_model() -> CostModel:
+    """Verify = 10 ms + 0.1 ms per scored token: more speculation costs more at large batch."""
+    return CostModel(verify=(1e-2, 0.0, 1e-4, 0.0, 0.0), draft={"d": (2e-4, 2e-4, 1e-6, 0.0)})
+
+
+def test_smaller_k_at_large_batch_when_verify_grows_per_scored_token() -> None:
+    c = _ctl(_compute_bound_model(), {"d": 0.8})
+    small, large = c.choose(_batch(1)), c.choose(_batch(128))
+    assert small[0] >= 5
+    assert max(large) < small[0] and np.mean(large) <= 2
+
+
+def test_margin_rule_flips_small_gains_to_zero() -> None:
+    # One request, a = 0.1, verify 1 s flat, 0.05 s per draft level: k=1 gives 1.1 tokens in
+    # 1.05 s, +4.8 % over k = 0, the best there is.
+    cost = CostModel(verify=(1.0, 0.0, 0.0, 0.0, 0.0), draft={"d": (0.0, 0.05, 0.0, 0.0)})
+    assert _ctl(cost, {"d": 0.1}, margin=0.0).choose(_batch(1)) == [1]
+    assert _ctl(cost, {"d": 0.1}).choose(_batch(1)) == [0]  # default margin 0.10
+    c = _ctl(cost, {"d": 0.1}, margin=0.0)
+    gain = c.predicted_goodput(_batch(1), [1]) / c.predicted_goodput(_batch(1), [0])
+    assert gain == pytest.approx(1.1 / 1.05)
+
+
+def test_fixed_draft_cost_does_not_trap_the_search_at_zero() -> None:
+    # The first draft level costs a large launch d0: +1 alone loses, k = k_max wins clearly.
+    cost = CostModel(verify=(1.0, 0.0, 0.0, 0.0, 0.0), draft={"d": (1.0, 0.01, 0.0, 0.0)})
+    c = _ctl(cost, {"d": 0.9})
+    assert c.predicted_goodput(_batch(1), [1]) < c.predicted_goodput(_batch(1), [0])
+    assert c.choose(_batch(1)) == [8]
+
+
+def test_table_fallback_without_cost_model() -> None:
+    c = SpecLengthController(None)
+    assert c.table == DEFAULT_TABLE
+    assert c.choose(_batch(1)) == [4]
+    assert c.choose(_batch(5)) == [3] * 5  # nearest batch size at or below: 4
+    assert c.choose(_batch(20)) == [2] * 20
+    assert c.choose(_batch(40)) == [1] * 40
+    assert c.choose(_batch(100)) == [0] * 100
+    assert c.choose([]) == []
+    custom = SpecLengthController(None, ControllerConfig(k_max=5), table={2: 9, 8: 1})
+    assert custom.choose(_batch(1)) == [5]  # below every key: the smallest; capped at k_max
+    assert custom.choose(_batch(9)) == [1] * 9
+    assert math.isnan(c.predicted_step_s(_batch(2), [1, 1]))
+
+
+def test_requests_without_drafter_always_get_zero() -> None:
+    batch = [("a", "d", 500), ("b", None, 500), ("c", "unknown", 500)]
+    assert SpecLengthController(None).choose(batch) == [4, 0, 4]
+    c = _ctl(_flat_verify_model(), {"d": 0.95, "unknown": 0.95})
+    ks = c.choose(batch)
+    assert ks[0] >= 7 and ks[1] == 0 and ks[2] == 0  # no cost known for "unknown": no speculation
+    assert c.choose([("b", None, 10)] * 3) == [0, 0, 0]
+
+
+def test_per_request_acceptance_drives_per_request_k() -> None:
+    c = _ctl(_compute_bound_model(), {"d": 0.8})
+    for _ in range(20):
+        c.observe("r0", "d", 4, 0)  # r0's drafts are always rejected
+        c.observe("r1", "d", 4, 4)  # r1's always accepted
+    ks = c.choose(_batch(16))
+    assert ks[0] == 0 and ks[1] > ks[2] > 0 and ks[2] == ks[3]
+    c.release("r0")  # back to the population rate, like r2
+    assert c.choose(_batch(16))[0] == ks[2]
+
+
+def test_predicted_step_time_sum_or_pipelined_max() -> None:
+    cost = CostModel(verify=(1e-2, 1e-4, 1e-4, 0.0, 0.0),
+                     draft={"d": (1e-3, 2e-3, 0.0, 0.0), "e": (0.0, 1e-3, 0.0, 0.0)})
+    batch = [("a", "d", 100), ("b", "e", 100), ("c", PROMPT_LOOKUP, 100), ("x", None, 100)]
+    ks = [2, 5, 3, 0]
+    verify = 1e-2 + 4e-4 + 1e-4 * (3 + 6 + 4 + 1)
+    draft = max(1e-3 + 2 * 2e-3, 5 * 1e-3, 1e-5)  # drafters run concurrently
+    plain = SpecLengthController(cost)
+    piped = SpecLengthController(cost, ControllerConfig(pipelined=True))
+    assert plain.predicted_step_s(batch, ks) == pytest.approx(draft + verify)
+    assert piped.predicted_step_s(batch, ks) == pytest.approx(max(draft, verify))
+    with pytest.raises(ValueError):
+        plain.predicted_step_s(batch, [1])
+
+
+def test_pipelining_allows_longer_speculation() -> None:
+    cost = CostModel(verify=(1e-2, 0.0, 0.0, 0.0, 0.0), draft={"d": (0.0, 2e-3, 0.0, 0.0)})
+    plain = _ctl(cost, {"d": 0.7}).choose(_batch(1))[0]
+    piped = _ctl(cost, {"d": 0.7}, pipelined=True).choose(_batch(1))[0]
+    assert piped == 5 and plain < piped  # hidden behind the 10 ms verify up to 5 levels
+
+
+def test_choice_is_near_the_brute_force_optimum() -> None:
+    cost = CostModel(verify=(5e-3, 1e-5, 2e-4, 1e-8, 0.0),
+                     draft={"d": (1e-3, 5e-4, 1e-5, 0.0), "e": (2e-4, 1.5e-3, 0.0, 0.0)})
+    rng = np.random.default_rng(11)
+    for trial in range(8):
+        names = ["d", "e", PROMPT_LOOKUP]
+        batch = [(f"r{i}", names[int(rng.integers(3))], int(rng.integers(50, 3000)))
+                 for i in range(3)]
+        c = _ctl(cost, {n: float(rng.uniform(0.3, 0.95)) for n in names}, k_max=5, margin=0.0)
+        ks = c.choose(batch)
+        best = max(c.predicted_goodput(batch, list(x))
+                   for x in itertools.product(range(6), repeat=3))
+        uniform = max(c.predicted_goodput(batch, [j] * 3) for j in range(6))
+        got = c.predicted_goodput(batch, ks)
+        assert got >= uniform * (1 - 1e-12), trial  # never worse than SmartSpec's uniform scan
+        assert got >= 0.98 * best, (trial, ks)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        ControllerConfig(ema=0.0)
+    with pytest.raises(ValueError):
+        ControllerConfig(prior_acceptance=1.5)
+    with pytest.raises(ValueError):
+        ControllerConfig(k_max=-1)

@@ -1,0 +1,90 @@
+"""The learned policy: bandit drafter choice per request, goodput-chosen k, population warm start."""
+
+from __future__ import annotations
+
+from spin.policy.base import PROMPT_LOOKUP, RequestView
+from spin.policy.cost_model import CostModel
+from spin.policy.learned import LearnedPolicy
+from spin.stats.store import DrafterStats
+
+DRAFTERS = {"draft-code", "draft-prose", PROMPT_LOOKUP}
+
+
+def _view(rid: str, mode: str = "auto", drafter: str | None = None, k: int = 0,
+          remaining: int = 100) -> RequestView:
+    return RequestView(rid, 200, 10, remaining, True, mode, drafter, k)
+
+
+def _cost(verify_per_token: float = 1e-4) -> CostModel:
+    """Verification 10 ms + a little per scored token; each draft level 1 ms."""
+    return CostModel(verify=(0.010, 0.0, verify_per_token, 0.0, 0.0),
+                     draft={d: (0.0, 0.001, 0.0, 0.0) for d in ("draft-code", "draft-prose")})
+
+
+def _stats(drafts: int, accepted: int, k: int = 4) -> DrafterStats:
+    return DrafterStats(drafts=drafts, draft_tokens=drafts * k, accepted_tokens=accepted,
+                        draft_seconds=drafts * 0.004, verify_seconds=drafts * 0.011)
+
+
+def test_modes_off_and_named_drafter_are_respected() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    out = policy.choose([_view("a", "off"), _view("b", "drafter", "draft-prose", 3)], DRAFTERS)
+    assert out[0].drafter is None and out[0].k == 0
+    assert out[1].drafter == "draft-prose" and out[1].k == 3
+
+
+def test_population_prior_picks_the_best_drafter_first() -> None:
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    try:
+        (choice,) = policy.choose([_view("a")], DRAFTERS)
+        assert choice.drafter == "draft-code" and choice.k >= 3  # acceptance 0.75: speculate long
+    finally:
+        policy.close()
+
+
+def test_a_request_learns_its_own_drafter_against_the_prior() -> None:
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    chosen = []
+    try:
+        for _ in range(40):  # this request is prose: draft-code never lands, draft-prose always
+            (c,) = policy.choose([_view("p")], DRAFTERS)
+            chosen.append(c.drafter)
+            accepted = c.k if c.drafter == "draft-prose" else 0
+            policy.observe("p", c, accepted, 0.001 * c.k, 0.011)
+        assert chosen[0] == "draft-code"
+        assert chosen[-10:].count("draft-prose") >= 8, chosen
+    finally:
+        policy.close()
+
+
+def test_no_speculation_when_nothing_is_accepted_then_a_probe() -> None:
+    pop = {d: _stats(100, 0) for d in DRAFTERS}
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    policy.cfg.probe_every = 4
+    try:
+        ks = [policy.choose([_view("z")], DRAFTERS)[0].k for _ in range(6)]
+        assert ks[:4] == [0, 0, 0, 0] and ks[4] == 1 and ks[5] == 0
+    finally:
+        policy.close()
+
+
+def test_k_is_clipped_to_the_remaining_tokens() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    (c,) = policy.choose([_view("a", "drafter", "draft-code", 8, remaining=3)], DRAFTERS)
+    assert c.k == 2
+    (c,) = policy.choose([_view("b", "drafter", "draft-code", 8, remaining=1)], DRAFTERS)
+    assert c.drafter is None and c.k == 0
+
+
+def test_predicted_step_time_is_exposed() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    (c,) = policy.choose([_view("a")], DRAFTERS)
+    # verify 10 ms + (k + 1) scored tokens x 0.1 ms, plus k draft levels x 1 ms for a model drafter
+    draft = 0.001 * c.k if c.drafter in ("draft-code", "draft-prose") else 1e-5
+    assert c.k > 0 and abs(policy.last_predicted_step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
+    policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
+    assert policy.last_predicted_step_s is None  # nothing chosen by the model: nothing predicted

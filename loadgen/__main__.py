@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--speculation", default="auto", help="auto, off, or a drafter name")
+    p.add_argument("--k", type=int, default=0, help="k with a named drafter (0 = the router's)")
     p.add_argument("--domains", default=None, help="comma-separated, e.g. code,prose,structured")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at end-of-sequence (default: always generate --max-tokens)")
@@ -65,6 +66,8 @@ def _validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> dict[str, fl
         p.error(f"--max-concurrency must be > 0 (got {a.max_concurrency})")
     if not a.temperature >= 0:
         p.error(f"--temperature must be >= 0 (got {a.temperature})")
+    if a.k < 0:
+        p.error(f"--k must be >= 0 (got {a.k})")
     if a.check_lossless and a.temperature > 0:
         p.error("--check-lossless compares greedy outputs: it needs --temperature 0")
     if not a.speculation:
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(reqs)} requests over {reqs[-1].arrival_s:.2f} s; mix {dict(mix)}")
         return 0
 
-    cfg = ClientConfig(a.endpoint, a.max_tokens, a.temperature, a.seed, a.speculation,
+    cfg = ClientConfig(a.endpoint, a.max_tokens, a.temperature, a.seed, a.speculation, a.k,
                        a.ignore_eos, a.max_concurrency, a.timeout)
     try:
         outcome = asyncio.run(run(cfg, reqs, a.check_lossless, a.connect_timeout))

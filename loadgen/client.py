@@ -42,6 +42,8 @@ class ClientConfig:
     """Workload seed; request ``i`` samples with seed ``seed + i`` when temperature > 0."""
     speculation: str = "auto"
     """``auto``, ``off`` or a drafter name."""
+    k: int = 0
+    """Speculation length with a named drafter (0 = the router's choice)."""
     ignore_eos: bool = True
     """Generate exactly ``max_tokens`` (do not stop at end-of-sequence)."""
     max_concurrency: int | None = None
@@ -50,13 +52,14 @@ class ClientConfig:
     """Deadline of one request."""
 
 
-def speculation_message(spec: str) -> generation_pb2.Speculation:
-    """``auto`` / ``off`` / drafter name -> a ``Speculation`` message."""
+def speculation_message(spec: str, k: int = 0) -> generation_pb2.Speculation:
+    """``auto`` / ``off`` / drafter name (with its k) -> a ``Speculation`` message."""
     if spec == "auto":
         return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_AUTO)
     if spec == "off":
         return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_OFF)
-    return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_DRAFTER, drafter=spec)
+    return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_DRAFTER, drafter=spec,
+                                      k=k)
 
 
 def make_request(cfg: ClientConfig, req: Request, suffix: str = "") -> generation_pb2.GenerateRequest:
@@ -67,7 +70,7 @@ def make_request(cfg: ClientConfig, req: Request, suffix: str = "") -> generatio
     return generation_pb2.GenerateRequest(
         request_id=f"loadgen-{cfg.seed}-{req.index}{suffix}", prompt=req.prompt,
         max_tokens=cfg.max_tokens, sampling=sampling,
-        speculation=speculation_message(cfg.speculation), ignore_eos=cfg.ignore_eos)
+        speculation=speculation_message(cfg.speculation, cfg.k), ignore_eos=cfg.ignore_eos)
 
 
 def _spec_counts(s: generation_pb2.SpeculationStats) -> SpecCounts:

@@ -61,3 +61,20 @@ def test_zoo_report_writes_json(tmp_path: Path) -> None:
 def test_zoo_train_rejects_unknown_stage(tmp_path: Path) -> None:
     r = run("zoo", "train", "--stages", "corpus,bogus", "--build-dir", str(tmp_path))
     assert r.returncode == 2 and "unknown stages ['bogus']" in r.stderr
+
+
+def test_stats_prints_the_population_table() -> None:
+    from spin.stats import RedisServer, RedisStatsStore
+
+    with RedisServer() as server:
+        store = RedisStatsStore(server.url)
+        store.record("draft-code", 4, 3, 0.004, 0.010)
+        store.record("draft-code", 4, 1, 0.004, 0.010)
+        assert store.flush()
+        store.close()
+        r = run("stats", "--redis-url", server.url)
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("draft-code"))
+    # 2 steps, 8 drafted, 4 accepted: rate 0.50, tau 1 + 4/2 = 3.00, 4 ms draft, 10 ms verify
+    assert row.split()[1:8] == ["2", "8", "4", "0.50", "3.00", "4.00", "10.00"]
+    assert run("stats", "--redis-url", "redis://127.0.0.1:9/0").returncode == 2

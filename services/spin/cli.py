@@ -71,7 +71,7 @@ def _verifier(args: argparse.Namespace) -> int:
     from .verifier.server import run
 
     _threads(args)
-    run(str(args.model), _server_config(args), slots=args.slots)
+    run(str(args.model), _server_config(args), slots=args.slots, decompose=not args.no_decompose)
     return 0
 
 
@@ -101,8 +101,9 @@ def _router(args: argparse.Namespace) -> int:
         return 2
     run(RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
                      args.redis_url, args.policy, args.cost_model,
-                     SchedulerConfig(max_batch=args.max_batch, max_queue=args.max_queue,
-                                     draft_timeout_s=args.draft_timeout)),
+                     scheduler=SchedulerConfig(max_batch=args.max_batch, max_queue=args.max_queue,
+                                     draft_timeout_s=args.draft_timeout,
+                                     micro_batches=args.micro_batches)),
         _server_config(args))
     return 0
 
@@ -115,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
                              drafters=args.drafters.split(",") if args.drafters else None,
                              default_drafter=args.default_drafter, default_k=args.default_k,
                              max_batch=args.max_batch, max_queue=args.max_queue,
-                             redis=not args.no_redis, policy=args.policy))
+                             redis=not args.no_redis, policy=args.policy,
+                             micro_batches=args.micro_batches))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -180,14 +182,18 @@ def _bench_services(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    import redis
+
     from .stats import RedisStatsStore
 
+    try:
+        redis.Redis.from_url(args.redis_url, socket_connect_timeout=2, socket_timeout=2).ping()
+    except (redis.RedisError, ValueError) as e:
+        print(f"spin stats: cannot read {args.redis_url}: {e}", file=sys.stderr)
+        return 2
     store = RedisStatsStore(args.redis_url, flush_interval_s=3600)
     try:
         pop = store.population()
-        if not store.flush() and not pop:
-            print(f"spin stats: cannot read {args.redis_url}", file=sys.stderr)
-            return 2
     finally:
         store.close()
     if not pop:
@@ -219,6 +225,38 @@ def _profile(args: argparse.Namespace) -> int:
     print("batch size -> k at acceptance 0.7: " + ", ".join(
         f"{b}: {k}" for b, k in r["k_table_at_acceptance_0.7"].items()))
     return 0
+
+
+def _bench_policy(args: argparse.Namespace) -> int:
+    from .bench.policy import PolicyBenchConfig, run_policy_bench
+
+    out = Path(args.json) if args.json else None
+    r = run_policy_bench(PolicyBenchConfig(family_dir=args.family_dir, quick=args.quick), out)
+    g = r["goodput"]
+    print(f"goodput (tok/s, one request at a time, {r['requests']} mixed requests x "
+          f"{r['new_tokens']} tokens): learned {g['learned']:.1f} | best fixed {g['best_fixed']:.1f} "
+          f"({g['best_fixed_config']}) | oracle {g['oracle']:.1f} | off {g['off']:.1f}")
+    print(f"learned / best fixed = {g['learned'] / g['best_fixed']:.2f}x, learned / oracle = "
+          f"{g['learned'] / g['oracle']:.2f}x, learned / off = {g['learned'] / g['off']:.2f}x")
+    for row in r["sweep"]:
+        print(f"rate {row['rate']:6.2f}/s ({row['load_fraction']:.1f} of capacity): mean latency "
+              f"auto {row['auto_mean_latency_s']:.2f} s, off {row['off_mean_latency_s']:.2f} s, "
+              f"best fixed {row['best_fixed_mean_latency_s']:.2f} s; auto p99 "
+              f"{row['auto_p99_latency_s']:.2f} s")
+    pl = r["pipeline"]
+    print(f"pipeline ({r['requests']} concurrent requests, draft-code k=4): step {1e3 * pl['step_s']:.1f} ms "
+          f"with two micro-batches vs {1e3 * pl['step_s_unpipelined']:.1f} ms with one "
+          f"(draft {1e3 * pl['draft_s']:.1f} ms, verify {1e3 * pl['verify_s']:.1f} ms, max "
+          f"{1e3 * pl['max_draft_verify_s']:.1f} ms); {pl['tokens_per_s_on']:.1f} vs "
+          f"{pl['tokens_per_s_off']:.1f} tok/s")
+    dc = r["decomposition"]
+    print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
+          f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "
+          f"{1e3 * dc['off']['step_s']:.1f} ms in one, padding {100 * dc['off']['padded_fraction']:.0f}%")
+    print(f"cost model MAPE {r['cost_model_mape']}; lossless mismatches {r['lossless_mismatches']}")
+    if out:
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0 if r["lossless_mismatches"] == 0 else 1
 
 
 def _positive(kind: type) -> callable:
@@ -287,6 +325,9 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
         if role == "drafter":
             sp.add_argument("--name", help="drafter name (default: the directory name)")
+        else:
+            sp.add_argument("--no-decompose", action="store_true",
+                            help="one forward per batch (no splitting into sub-batches)")
         sp.set_defaults(func=_verifier if role == "verifier" else _drafter)
 
     rt = service("router", "the client-facing router", 50051, None)
@@ -299,6 +340,8 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("--max-batch", type=_positive(int), default=32)
     rt.add_argument("--max-queue", type=_positive(int), default=256)
     rt.add_argument("--draft-timeout", type=_positive(float), default=5.0)
+    rt.add_argument("--micro-batches", type=_positive(int), default=1,
+                    help="micro-batches in flight (2: draft one while verifying the other)")
     rt.add_argument("--redis-url", help="acceptance statistics (default: in process)")
     rt.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
@@ -317,6 +360,8 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch", type=_positive(int), default=32)
     sv.add_argument("--max-queue", type=_positive(int), default=256)
     sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.add_argument("--micro-batches", type=_positive(int), default=1,
+                    help="micro-batches in flight in the router (2 = pipelined)")
     sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="the router's policy (learned profiles the machine on first start)")
     sv.set_defaults(func=_serve)
@@ -347,6 +392,12 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--drafters", help="comma-separated draft models (default: all)")
     pr.add_argument("--out", type=Path, default=BUILD_DIR.parent / "cost_model.json")
     pr.set_defaults(func=_profile)
+
+    bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")
+    bp.add_argument("--quick", action="store_true", help="fewer requests and rates (<= 12 min)")
+    bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
+    bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bp.set_defaults(func=_bench_policy)
 
     demo = sub.add_parser("demo", help="the family on held-out prompts, with per-drafter acceptance")
     demo.add_argument("--family-dir", type=Path, default=FAMILY_DIR)

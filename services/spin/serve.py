@@ -44,6 +44,8 @@ class ServeConfig:
     default_k: int = 4
     max_batch: int = 32
     max_queue: int = 256
+    micro_batches: int = 1
+    """Micro-batches in flight in the router (2 = drafting overlaps verification)."""
     policy: str = "learned"
     """The router's policy: 'learned' or 'fixed' (default_drafter, default_k)."""
     cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
@@ -170,7 +172,8 @@ class Embedded:
                     "--tokenizer", str(fam / "target"), "--host", cfg.host, "--port", str(cfg.port),
                     "--metrics-port", str(cfg.metrics_port), "--default-drafter",
                     cfg.default_drafter, "--default-k", str(cfg.default_k),
-                    "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue)]
+                    "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue),
+                    "--micro-batches", str(cfg.micro_batches)]
             argv += ["--policy", cfg.policy, "--cost-model", str(cfg.cost_model)]
             for c in self.children[1:]:
                 argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]

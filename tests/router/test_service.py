@@ -209,3 +209,33 @@ def test_loadgen_against_spin_serve(serving, tmp_path: Path) -> None:
     assert report["completed"] == 64 and report["errors"] == 0
     assert report["lossless_mismatches"] == 0
     assert report["speculation"]["draft_tokens"] > 0
+
+
+def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -> None:
+    """A router pipelining two micro-batches (one drafted while the other is verified)."""
+    verifier = serving.child("verifier", "verifier")
+    code = serving.child("drafter", "draft-code")
+    router = Child("router-piped", _spin(
+        "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+        str(serving.cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0",
+        "--drafter", f"draft-code=127.0.0.1:{code.port}", "--micro-batches", "2",
+        "--policy", "fixed"), tmp_path, None)
+    try:
+        router.wait_ready(120)
+        endpoint = f"127.0.0.1:{router.port}"
+        prompts = [PROMPT, "import os\nimport sys\n\n", "def main():\n", "class A:\n    x = 1\n"]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            spec = [pool.submit(collect, endpoint, request(p, max_tokens=40, mode="drafter",
+                                                            drafter="draft-code", k=3,
+                                                            ignore_eos=True)) for p in prompts]
+            outs = [f.result()[0] for f in spec]
+        offs = [collect(serving.endpoint, request(p, max_tokens=40, mode="off",
+                                                  ignore_eos=True))[0] for p in prompts]
+        assert outs == offs
+        sizes = [k for k in scrape(router.metrics_port) if k.startswith("spin:batch_size_bucket")]
+        assert sizes  # steps ran
+        # with 4 concurrent requests split over two lanes, no step carried all four
+        hist = scrape(router.metrics_port)
+        assert hist['spin:batch_size_bucket{le="2.0"}'] == hist["spin:batch_size_count"]
+    finally:
+        router.stop(10)

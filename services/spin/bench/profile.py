@@ -10,6 +10,7 @@ controller reads it, and its batch-size -> k table comes from it.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -121,6 +122,9 @@ def run_profile(cfg: ProfileConfig) -> dict:
     errors = model.mape(verify, draft)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     model.save(cfg.out)
+    raw = json.loads(cfg.out.read_text())  # keep the fit error beside the coefficients
+    raw["fit_mape"] = errors
+    cfg.out.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     table = k_table(model, {n: 0.7 for n in names}, batches, max(ks), contexts[0])
     return {"out": str(cfg.out), "mape": errors, "verify_points": len(verify),
             "draft_points": len(draft), "k_table_at_acceptance_0.7": table}

@@ -136,6 +136,10 @@ class RequestSlots:
         self.cache.rollback(slot, common)
         return slot, common
 
+    def held(self, request_id: str) -> int:
+        """How many tokens the request's slot holds (0 for an unknown request)."""
+        return len(self._tokens.get(request_id, ()))
+
     def hold(self, request_id: str, tokens: list[int]) -> None:
         """Record the tokens the slot now holds (after the caller committed them)."""
         self._tokens[request_id] = tokens

@@ -98,5 +98,11 @@ SERVICE_BATCH_REQUESTS = Histogram("spin:service_batch_requests", "Requests per 
 SERVICE_RESYNCS = Counter("spin:service_resyncs",
                           "Tasks answered with resync (the service lacked the context).",
                           ["role", "model"])
+VERIFY_PADDED_FRACTION = Histogram("spin:verify_padded_fraction",
+                                   "Share of computed new-token rows that were padding.",
+                                   buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0))
+VERIFY_FORWARDS = Histogram("spin:verify_forwards_per_batch",
+                            "Target forwards per verification batch (after decomposition).",
+                            buckets=(1, 2, 3, 4, 6, 8))
 KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache slots in use (0..1).",
                        ["role", "model"])

@@ -45,6 +45,9 @@ class SchedulerConfig:
     """A verification call slower than this fails the stream (then retried)."""
     verifier_outage_s: float = 30.0
     """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long."""
+    micro_batches: int = 1
+    """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
+    pipeline); 1 = draft, then verify, the whole batch."""
 
 
 class QueueFull(RuntimeError):
@@ -72,9 +75,12 @@ class Scheduler:
         self.store = store
         self.waiting: collections.deque[RouterRequest] = collections.deque()
         self.running: list[RouterRequest] = []
+        # Micro-batches ("lanes"): each runs its own draft -> verify loop, so while one waits for
+        # the verifier the other can be drafting (SPIN's pipeline). One lane = no pipelining.
+        self.lanes: list[list[RouterRequest]] = [[] for _ in range(cfg.micro_batches)]
+        self._lane_wake = [asyncio.Event() for _ in self.lanes]
         self._streams: dict[str, TextStream] = {}
         self._release: dict[str, set[str]] = collections.defaultdict(set)
-        self._wake = asyncio.Event()
         self._stopping = False
         self._verifier_down_since: float | None = None
 
@@ -86,7 +92,7 @@ class Scheduler:
         self.waiting.append(req)
         metrics.REQUESTS_WAITING.set(len(self.waiting))
         metrics.PROMPT_TOKENS.inc(len(req.prompt))
-        self._wake.set()
+        self._admit()
 
     def cancel(self, req: RouterRequest) -> None:
         """The client went away (cancel or deadline): forget the request, free its caches."""
@@ -97,14 +103,22 @@ class Scheduler:
             self.waiting.remove(req)
             metrics.REQUESTS_WAITING.set(len(self.waiting))
             self._streams.pop(req.request_id, None)
-        self._wake.set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for event in self._lane_wake:
+            event.set()
 
     def _admit(self) -> None:
+        """Move waiting requests into the emptiest lanes while the batch has room."""
         while self.waiting and len(self.running) < self.cfg.max_batch:
             req = self.waiting.popleft()
             req.scheduled_at = time.perf_counter()
             metrics.QUEUE_TIME.observe(req.scheduled_at - req.arrival)
+            lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
+            self.lanes[lane].append(req)
             self.running.append(req)
+            self._lane_wake[lane].set()
         metrics.REQUESTS_WAITING.set(len(self.waiting))
         metrics.REQUESTS_RUNNING.set(len(self.running))
 
@@ -112,6 +126,9 @@ class Scheduler:
         req.finished = True
         if req in self.running:
             self.running.remove(req)
+        for lane in self.lanes:
+            if req in lane:
+                lane.remove(req)
         self._streams.pop(req.request_id, None)
         for service in req.touched | {VERIFIER}:
             self._release[service].add(req.request_id)
@@ -125,29 +142,34 @@ class Scheduler:
 
     # ---- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:
+        await asyncio.gather(*(self._lane_loop(i) for i in range(len(self.lanes))))
+
+    async def _lane_loop(self, i: int) -> None:
+        lane, wake = self.lanes[i], self._lane_wake[i]
         while not self._stopping:
-            for req in [r for r in self.running if r.cancelled]:
+            for req in [r for r in lane if r.cancelled]:
                 self._finish(req)
             self._admit()
-            if not self.running:
-                await self._flush_releases()
-                self._wake.clear()
-                if not self.waiting and not self._stopping:
-                    await self._wake.wait()
+            if not lane:
+                if not self.running:
+                    await self._flush_releases()
+                wake.clear()
+                if not lane and not self._stopping:
+                    await wake.wait()
                 continue
             try:
-                await self.step()
+                await self.step(list(lane))
             except Exception as e:  # a bug must not take the router down with every request
                 log.exception("step failed")
-                for req in list(self.running):
+                for req in list(lane):
                     self._fail(req, grpc.StatusCode.INTERNAL, f"router step failed: {e}")
 
     def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake_all()
 
-    async def step(self) -> None:
-        reqs = list(self.running)
+    async def step(self, reqs: list[RouterRequest]) -> None:
+        """One draft -> verify step of a micro-batch."""
         t0 = time.perf_counter()
         available = {n for n, c in self.drafters.items() if c.available} | {PROMPT_LOOKUP}
         views = [RequestView(r.request_id, r.context_len, len(r.generated),
@@ -175,9 +197,9 @@ class Scheduler:
         t2 = time.perf_counter()
         for r, choice, res in zip(reqs, choices, resp.results):
             tree = trees.get(r.request_id)
+            # the step's wall time (round trips included) is what the request waited: goodput
             self._apply(r, choice if tree is not None else StepChoice(None), res,
-                        len(tree.tokens) if tree is not None else 0,
-                        draft_s.get(choice.drafter or "", 0.0), resp.verify_seconds)
+                        len(tree.tokens) if tree is not None else 0, t1 - t0, t2 - t1)
         step_s = time.perf_counter() - t0
         metrics.STEP_SECONDS.observe(step_s)
         metrics.STEP_DRAFT_SECONDS.observe(t1 - t0)

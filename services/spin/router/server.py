@@ -52,6 +52,9 @@ class RouterConfig:
     cost_model: str | None = None
     """The fitted cost model (``spin profile``) for the learned policy; None or missing = its
     batch-size -> k table."""
+    rpc_overhead_s: float = 0.0015
+    """Round-trip time the router adds to each drafter and verifier call (the profile measures
+    compute in process); added to the cost model's fixed terms."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -124,16 +127,23 @@ def _policy(cfg: RouterConfig, store) -> Policy:
     if cfg.policy == "fixed":
         return FixedPolicy(cfg.default_drafter, cfg.default_k)
     from ..policy.cost_model import CostModel
-    from ..policy.learned import LearnedPolicy
+    from ..policy.goodput import ControllerConfig
+    from ..policy.learned import LearnedPolicy, LearnedPolicyConfig
 
     cost = None
     if cfg.cost_model and Path(cfg.cost_model).exists():
         cost = CostModel.load(cfg.cost_model)
-        log.info("learned policy with the cost model %s", cfg.cost_model)
+        rpc = cfg.rpc_overhead_s
+        cost.verify = (cost.verify[0] + rpc, *cost.verify[1:])
+        cost.draft = {d: (c[0] + rpc, *c[1:]) for d, c in cost.draft.items()}
+        log.info("learned policy with the cost model %s (+%.1f ms per call)", cfg.cost_model,
+                 rpc * 1e3)
     else:
         log.warning("no cost model (%s): k comes from the batch-size table; run `spin profile`",
                     cfg.cost_model)
-    return LearnedPolicy(cost=cost, population=store.population)
+    pipelined = cfg.scheduler.micro_batches > 1  # step time = max(draft, verify), not the sum
+    return LearnedPolicy(LearnedPolicyConfig(controller=ControllerConfig(pipelined=pipelined)),
+                         cost=cost, population=store.population)
 
 
 async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None) -> None:

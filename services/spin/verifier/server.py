@@ -20,6 +20,7 @@ from ..engine.model_runner import ModelRunner
 from ..engine.tree import TokenTree
 from ..engine.verifier import Verifier, VerifyRequest
 from ..obs import metrics
+from ..policy.decompose import ForwardCost, decompose, padded_fraction
 from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_from_proto
 from ..rpc.serving import ServerConfig, announce, serve
@@ -32,11 +33,15 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     """An engine ``Verifier`` with per-request contexts."""
 
     def __init__(self, model_path: str | Path, slots: int = 64, max_context: int | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, decompose: bool = True,
+                 forward_cost: ForwardCost | None = None) -> None:
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
         self.verifier = Verifier(ModelRunner(model_path, num_slots=slots, max_len=max_context))
         self.book = ContextBook()
+        self.decompose = decompose
+        """Split batches into sub-batches that pad less (``policy/decompose.py``)."""
+        self.forward_cost = forward_cost or ForwardCost()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
 
     def info(self) -> model_info_pb2.ModelInfo:
@@ -90,7 +95,18 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                 raise BatchRejected(grpc.StatusCode.OUT_OF_RANGE,
                                     f"{task.request_id}: context of {len(ctx)} tokens is full")
             work.append((len(results) - 1, VerifyRequest(task.request_id, ctx, tree, sampling)))
-        verdicts = self.verifier.verify([r for _, r in work])
+        # new tokens each request feeds (uncached tail + tree) and its context after them
+        sizes = [(len(r.context) - min(self.verifier.slots.held(r.request_id), len(r.context) - 1)
+                  + len(r.tree), len(r.context) + len(r.tree)) for _, r in work]
+        groups = (decompose(sizes, self.forward_cost) if self.decompose and work
+                  else [list(range(len(work)))] if work else [])
+        verdicts: list = [None] * len(work)
+        for g in groups:
+            for j, verdict in zip(g, self.verifier.verify([work[j][1] for j in g])):
+                verdicts[j] = verdict
+        if work:
+            metrics.VERIFY_PADDED_FRACTION.observe(padded_fraction(sizes, groups))
+            metrics.VERIFY_FORWARDS.observe(len(groups))
         for (i, req), verdict in zip(work, verdicts):
             results[i].tokens.extend(verdict.tokens)
             results[i].num_accepted = verdict.num_accepted
@@ -112,9 +128,9 @@ class BatchRejected(Exception):
         self.code = code
 
 
-def run(model: str, cfg: ServerConfig, slots: int = 64) -> None:
+def run(model: str, cfg: ServerConfig, slots: int = 64, decompose: bool = True) -> None:
     """Load the target, then serve until SIGTERM."""
-    service = VerifierService(model, slots=slots)
+    service = VerifierService(model, slots=slots, decompose=decompose)
     cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
     asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),
                       on_ready=announce("verifier")))

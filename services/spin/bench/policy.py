@@ -1,0 +1,249 @@
+"""``spin bench policy``: the learned policy against fixed choices, on the embedded services.
+
+One ``spin serve`` deployment (learned policy in the router), a mixed workload of held-out code,
+prose and structured prompts, greedy, ``new_tokens`` each. Measured in one run:
+
+1. **Goodput** (generated tokens per second, requests one after another): every fixed
+   (drafter, k), speculation off, the learned policy (mode auto), and the **oracle**: each
+   request's best fixed configuration, found by running all of them. The fixed runs go first, so
+   the learned policy starts from the population statistics they left in Redis, as a router
+   replica joining a running fleet would.
+2. **Load sweep**: Poisson arrivals from light load to past saturation (fractions of the
+   speculation-off capacity); mean and p99 end-to-end latency of auto, off and the best fixed
+   configuration at each rate; a PNG plot next to the JSON.
+3. The cost model's fit error (MAPE) on its profile, and lossless mismatches: every speculative
+   output of the run compared with speculation off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from tqdm import tqdm
+
+from loadgen.client import ClientConfig, run_workload
+from loadgen.workload import Request, arrival_times, build_workload
+
+from ..policy.decompose import decompose
+from ..serve import Embedded, ServeConfig
+from ..zoo.specs import BUILD_DIR, FAMILY_DIR
+
+
+@dataclass
+class PolicyBenchConfig:
+    """What the policy benchmark runs."""
+
+    family_dir: Path = FAMILY_DIR
+    quick: bool = False
+    """Fewer requests, k values and rates (at most 12 minutes on 2 cores)."""
+    new_tokens: int = 64
+    seed: int = 0
+    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
+
+    @property
+    def requests(self) -> int:
+        return 9 if self.quick else 24
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        return (2, 4) if self.quick else (2, 4, 6)
+
+    @property
+    def load_fractions(self) -> tuple[float, ...]:
+        return (0.1, 0.5, 1.0) if self.quick else (0.1, 0.3, 0.6, 1.0, 1.5)
+
+    @property
+    def sweep_requests(self) -> int:
+        return 8 if self.quick else 24
+
+
+def _run(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBenchConfig,
+         desc: str, concurrency: int | None = 1) -> tuple[list, float]:
+    client = ClientConfig(endpoint, cfg.new_tokens, speculation=spec, k=k,
+                          max_concurrency=concurrency)
+
+    async def go():
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            from spin.v1 import generation_pb2_grpc
+            return await run_workload(generation_pb2_grpc.GenerationStub(channel), reqs, client,
+                                      desc, use_arrivals=concurrency is None)
+    results, wall = asyncio.run(go())
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{desc}: {len(failed)} requests failed, e.g. {failed[0].error_message}")
+    return results, wall
+
+
+def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> dict:
+    workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-policy-"))
+    report: dict = {"requests": cfg.requests, "new_tokens": cfg.new_tokens, "quick": cfg.quick}
+    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir,
+                              cost_model=cfg.cost_model, policy="learned")) as emb:
+        ep = emb.endpoint
+        drafters = [c.role.removeprefix("drafter-") for c in emb.children
+                    if c.role.startswith("drafter-")] + ["prompt-lookup"]
+        # 1. goodput, one request at a time
+        off, t_off = _run(ep, workload, "off", 0, cfg, "off")
+        reference = [r.token_ids for r in off]
+        tokens = sum(len(t) for t in reference)
+        mismatches = 0
+        per_request: dict[str, list[float]] = {}
+        goodput: dict[str, float] = {"off": tokens / t_off}
+        for d in drafters:
+            for k in cfg.ks:
+                res, wall = _run(ep, workload, d, k, cfg, f"{d} k={k}")
+                mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))
+                goodput[f"{d}:k{k}"] = tokens / wall
+                per_request[f"{d}:k{k}"] = [r.e2e_s for r in res]
+        learned, t_learned = _run(ep, workload, "auto", 0, cfg, "learned")
+        mismatches += sum(r.token_ids != ref for r, ref in zip(learned, reference))
+        best_fixed = max((c for c in goodput if c != "off"), key=goodput.get)
+        oracle_time = sum(min(per_request[c][i] for c in per_request)
+                          for i in range(len(workload)))
+        report["goodput"] = {"learned": tokens / t_learned, "best_fixed": goodput[best_fixed],
+                             "best_fixed_config": best_fixed, "oracle": tokens / oracle_time,
+                             "off": goodput["off"], "by_config": goodput}
+        report["mean_latency_s"] = {
+            "learned": statistics.mean(r.e2e_s for r in learned),
+            "best_fixed": statistics.mean(per_request[best_fixed]),
+            "off": statistics.mean(r.e2e_s for r in off)}
+        report["learned_speculation"] = {
+            "tau": tokens / max(1, sum(r.speculation.steps for r in learned)),
+            "steps_without_speculation": sum(r.speculation.steps_without_speculation
+                                             for r in learned),
+            "steps": sum(r.speculation.steps for r in learned)}
+        # 2. load sweep: Poisson arrivals at fractions of the speculation-off capacity
+        capacity = goodput["off"] / cfg.new_tokens  # requests/s one at a time, speculation off
+        bd, bk = best_fixed.split(":k")
+        sweep = []
+        for frac in tqdm(cfg.load_fractions, desc="load sweep", unit="rate"):
+            rate = frac * capacity
+            times = arrival_times(cfg.sweep_requests, rate, 1.0, cfg.seed)
+            reqs = [Request(i, w.domain, w.prompt, t) for i, (w, t) in
+                    enumerate(zip(build_workload(cfg.sweep_requests, seed=cfg.seed + 1,
+                                                 family_dir=cfg.family_dir), times))]
+            row = {"rate": rate, "load_fraction": frac}
+            for name, spec, k in (("auto", "auto", 0), ("off", "off", 0),
+                                  ("best_fixed", bd, int(bk))):
+                res, _ = _run(ep, reqs, spec, k, cfg, f"{name} @{rate:.2f}/s", concurrency=None)
+                lat = sorted(r.e2e_s for r in res)
+                row[f"{name}_mean_latency_s"] = statistics.mean(lat)
+                row[f"{name}_p99_latency_s"] = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
+            sweep.append(row)
+        report["sweep"] = sweep
+        report["pipeline"], outputs = _pipeline(emb, workload, cfg, log_dir)
+        mismatches += sum(o != ref for o, ref in zip(outputs, reference + reference))
+    # the profile's fit error on its own points (spin serve measured it on first start)
+    report["cost_model_mape"] = json.loads(cfg.cost_model.read_text()).get("fit_mape")
+    report["lossless_mismatches"] = mismatches
+    report["decomposition"] = _decomposition(cfg)
+    if out_json is not None:
+        out_json.write_text(json.dumps(report, indent=2))
+        _plot(sweep, out_json.with_suffix(".png"))
+    return report
+
+
+def _pipeline(emb: Embedded, workload: list[Request], cfg: PolicyBenchConfig,
+              log_dir: Path) -> tuple[dict, list[list[int]]]:
+    """The same concurrent batch (draft-code, k=4) through a router with one micro-batch and
+    through a second router with two (drafting one while the other is verified); the report and
+    every output (one-micro-batch run first)."""
+    from ..bench.services import _router_times
+    from ..serve import Child, _spin
+
+    verifier = emb.child("verifier", "verifier")
+    drafters = [c for c in emb.children if c.role.startswith("drafter-")]
+    argv = ["router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+            str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0",
+            "--policy", "fixed", "--micro-batches", "2"]
+    for c in drafters:
+        argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
+    piped = Child("router-pipelined", _spin(*argv), log_dir, None)
+    out: dict = {}
+    outputs: list[list[int]] = []
+    try:
+        piped.wait_ready(120)
+        for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
+                                         ("on", piped.port, piped.metrics_port)):
+            before = _router_times(metrics_port)
+            res, wall = _run(f"127.0.0.1:{port}", workload, "draft-code", 4, cfg,
+                             f"pipeline {name}", concurrency=len(workload))
+            after = _router_times(metrics_port)
+            outputs += [r.token_ids for r in res]
+            d = {k: after[k] - before.get(k, 0.0) for k in after}
+            steps = d["spin:step_seconds_count"]
+            out[name] = {"wall_s": wall, "lane_steps": steps,
+                         "tokens_per_s": sum(len(r.token_ids) for r in res) / wall,
+                         "draft_s": d["spin:step_draft_seconds_sum"] / steps,
+                         "verify_s": d["spin:step_verify_seconds_sum"] / steps,
+                         "lane_step_s": d["spin:step_seconds_sum"] / steps}
+    finally:
+        piped.stop(10)
+    lanes = 2
+    return {  # step_s: the time to advance every running request by one step
+        "step_s": out["on"]["wall_s"] / (out["on"]["lane_steps"] / lanes),
+        "step_s_unpipelined": out["off"]["wall_s"] / out["off"]["lane_steps"],
+        "draft_s": out["off"]["draft_s"], "verify_s": out["off"]["verify_s"],
+        "max_draft_verify_s": max(out["off"]["draft_s"], out["off"]["verify_s"]),
+        "tokens_per_s_on": out["on"]["tokens_per_s"], "tokens_per_s_off": out["off"]["tokens_per_s"],
+        "runs": out}, outputs
+
+
+def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) -> dict:
+    """A verification batch of ``decoding`` requests scoring 5 tokens after ~300 of context plus
+    one new request prefilling a 200-token prompt: one padded forward vs the decomposed ones."""
+    from ..policy.decompose import padded_fraction
+    from ..v1 import token_tree_pb2, verifier_pb2
+    from ..verifier.server import VerifierService
+
+    out = {}
+    for on in (False, True):
+        svc = VerifierService(cfg.family_dir / "target", slots=decoding + 2, decompose=on)
+        ctx = {f"d{i}": list(range(10 + i, 310 + i)) for i in range(decoding)}
+        svc.run_batch(verifier_pb2.VerifyRequest(tasks=[
+            verifier_pb2.VerifyTask(request_id=r, context_delta=c) for r, c in ctx.items()]))
+        times = []
+        for rep in range(reps + 1):
+            tree = token_tree_pb2.TokenTree(tokens=[5, 6, 7, 8], parents=[-1, 0, 1, 2])
+            tasks = [verifier_pb2.VerifyTask(request_id=r, keep=len(svc.book._ctx[r]), tree=tree)
+                     for r in ctx]
+            tasks.append(verifier_pb2.VerifyTask(request_id=f"new{rep}",
+                                                 context_delta=list(range(40, 240))))
+            start = time.perf_counter()
+            svc.run_batch(verifier_pb2.VerifyRequest(tasks=tasks, release=[f"new{rep - 1}"]))
+            times.append(time.perf_counter() - start)
+        sizes = [(5, 305)] * decoding + [(200, 200)]
+        groups = decompose(sizes, svc.forward_cost) if on else [list(range(len(sizes)))]
+        out["on" if on else "off"] = {"step_s": statistics.median(times[1:]),
+                                      "padded_fraction": padded_fraction(sizes, groups),
+                                      "forwards": len(groups)}
+    return out
+
+
+def _plot(sweep: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rates = [r["rate"] for r in sweep]
+    for name, style in (("auto", "o-"), ("off", "s--"), ("best_fixed", "^:")):
+        ax.plot(rates, [r[f"{name}_mean_latency_s"] for r in sweep], style, label=f"{name} mean")
+    ax.plot(rates, [r["auto_p99_latency_s"] for r in sweep], "o-", alpha=0.4, label="auto p99")
+    ax.set_xlabel("request rate (req/s, Poisson)")
+    ax.set_ylabel("end-to-end latency (s)")
+    ax.set_title("SPIN serving: latency vs load (demo family, CPU)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

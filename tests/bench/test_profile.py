@@ -1,0 +1,26 @@
+"""``spin profile`` on a tiny grid: measured points, a loadable cost model, its fit error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spin.bench.profile import ProfileConfig, run_profile
+from spin.policy.cost_model import CostModel
+
+
+class TinyGrid(ProfileConfig):
+    def grid(self):
+        return (1, 2), (1, 3), (16, 48), (1, 2), 1
+
+
+def test_profile_writes_a_loadable_cost_model(tmp_path: Path, family_dir: Path) -> None:
+    out = tmp_path / "cost.json"
+    r = run_profile(TinyGrid(family_dir=family_dir, drafters=["draft-structured"], out=out))
+    assert r["verify_points"] == 2 * 2 * 2 and r["draft_points"] == 2 * 2 * 2
+    model = CostModel.load(out)
+    assert model.has_drafter("draft-structured") and not model.has_drafter("draft-code")
+    assert model.predict_verify(2, 6, 96) > 0 and model.predict_draft("draft-structured", 1, 2, 16) > 0
+    mape = json.loads(out.read_text())["fit_mape"]
+    assert set(mape) >= {"verify", "draft-structured", "overall"}
+    assert all(v >= 0 for v in mape.values())

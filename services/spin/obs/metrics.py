@@ -83,7 +83,7 @@ STEP_PREDICTED_SECONDS = Histogram("spin:step_predicted_seconds",
                                    "The policy's cost-model prediction of the step it chose.",
                                    buckets=_STEP)
 STEP_PREDICTION_ERROR = Histogram("spin:step_prediction_error_ratio",
-                                  "|predicted - measured| / measured step time (drafting + verify).",
+                                  "|predicted - measured| / measured step time (round trips included).",
                                   buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
 BATCH_SIZE = Histogram("spin:batch_size", "Requests per verification step.",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))

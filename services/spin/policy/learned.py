@@ -7,9 +7,9 @@ Per step, for the running batch:
    maximise the batch's predicted goodput under the fitted cost model, and k = 0 for all unless
    speculation wins by the margin (SmartSpec's 10%), so speculation never makes a step worse by the
    model's account;
-3. after verification, the step's goodput (tokens over draft + verify seconds, plus the switching
-   cost when the drafter changed) rewards the bandit, and the accepted count updates the
-   request's acceptance estimate.
+3. after verification, the step's goodput (tokens over the step's draft + verify wall time, round
+   trips included, plus the switching cost when the drafter changed) rewards the bandit, and the
+   accepted count updates the request's acceptance estimate.
 
 A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter, so
 its acceptance estimate can recover (the controller alone would never observe it again).

@@ -208,10 +208,9 @@ class Scheduler:
             max(0.0, step_s - max(draft_s.values(), default=0.0) - resp.verify_seconds))
         metrics.BATCH_SIZE.observe(len(reqs))
         predicted = getattr(self.policy, "last_predicted_step_s", None)
-        if predicted:  # the cost model predicts compute: drafting + verification
-            compute = max(draft_s.values(), default=0.0) + resp.verify_seconds
+        if predicted:  # the model predicts the step: compute plus the router's round trips
             metrics.STEP_PREDICTED_SECONDS.observe(predicted)
-            metrics.STEP_PREDICTION_ERROR.observe(abs(predicted - compute) / max(compute, 1e-9))
+            metrics.STEP_PREDICTION_ERROR.observe(abs(predicted - step_s) / max(step_s, 1e-9))
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 class LearnedPolicyConfig:
     """Settings of the learned policy."""
 
-    selector: SelectorConfig = field(default_factory=SelectorConfig)
-    """The per-request bandit."""
+    selector: SelectorConfig = field(default_factory=lambda: SelectorConfig(prior_strength=8.0))
+    """The per-request bandit. The population prior weighs 8 steps: requests here are short
+    (tens of steps) and a drafter tried against a confident prior costs a whole slow step."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """The speculation-length controller."""
     refresh_s: float = 5.0

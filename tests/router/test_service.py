@@ -232,10 +232,9 @@ def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -
         offs = [collect(serving.endpoint, request(p, max_tokens=40, mode="off",
                                                   ignore_eos=True))[0] for p in prompts]
         assert outs == offs
-        sizes = [k for k in scrape(router.metrics_port) if k.startswith("spin:batch_size_bucket")]
-        assert sizes  # steps ran
-        # with 4 concurrent requests split over two lanes, no step carried all four
+        # steps ran, and with 4 concurrent requests split over two lanes none carried all four
         hist = scrape(router.metrics_port)
+        assert hist["spin:batch_size_count"] > 0
         assert hist['spin:batch_size_bucket{le="2.0"}'] == hist["spin:batch_size_count"]
     finally:
         router.stop(10)

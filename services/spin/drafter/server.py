@@ -94,10 +94,8 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
             for (i, _), tree in zip(work, trees):
                 results[i].tree.CopyFrom(tree_to_proto(tree))
         seconds = time.perf_counter() - start
-        metrics.SERVICE_BATCH_SECONDS.labels("drafter", self.name).observe(seconds)
-        metrics.SERVICE_BATCH_REQUESTS.labels("drafter", self.name).observe(len(batch.tasks))
-        metrics.KV_CACHE_USAGE.labels("drafter", self.name).set(
-            1 - runner.cache.free_slots / runner.cache.num_slots)
+        metrics.observe_service_batch("drafter", self.name, seconds, len(batch.tasks),
+                                      1 - runner.cache.free_slots / runner.cache.num_slots)
         return drafter_pb2.SpeculateResponse(batch_id=batch.batch_id, results=results,
                                               draft_seconds=seconds)
 

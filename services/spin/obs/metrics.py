@@ -106,3 +106,11 @@ VERIFY_FORWARDS = Histogram("spin:verify_forwards_per_batch",
                             buckets=(1, 2, 3, 4, 6, 8))
 KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache slots in use (0..1).",
                        ["role", "model"])
+
+
+def observe_service_batch(role: str, model: str, seconds: float, requests: int,
+                          slots_in_use: float) -> None:
+    """A drafter's or verifier's batch: its compute time, size, and cache use after it."""
+    SERVICE_BATCH_SECONDS.labels(role, model).observe(seconds)
+    SERVICE_BATCH_REQUESTS.labels(role, model).observe(requests)
+    KV_CACHE_USAGE.labels(role, model).set(slots_in_use)

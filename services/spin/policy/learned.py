@@ -55,7 +55,6 @@ class LearnedPolicy:
         self.controller = SpecLengthController(cost, self.cfg.controller)
         self._population = population
         self._idle: dict[str, int] = {}
-        self._k: dict[str, int] = {}
         self.last_predicted_step_s: float | None = None
         """Predicted time of the step last chosen (None without a cost model)."""
         self._stop = threading.Event()
@@ -102,7 +101,6 @@ class LearnedPolicy:
                 k = 1
             k = min(k, r.remaining - 1)
             self._idle[r.request_id] = 0 if k > 0 else self._idle.get(r.request_id, 0) + 1
-            self._k[r.request_id] = k
             out.append(StepChoice(d, k) if d is not None and k > 0 else StepChoice(None))
         self.last_predicted_step_s = None
         if auto and self.controller.cost is not None:
@@ -122,4 +120,3 @@ class LearnedPolicy:
         self.selector.release(request_id)
         self.controller.release(request_id)
         self._idle.pop(request_id, None)
-        self._k.pop(request_id, None)

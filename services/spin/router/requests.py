@@ -47,8 +47,6 @@ class RouterRequest:
     """Messages for the client stream (GenerateResponse, or an Exception to end it)."""
     cancelled: bool = False
     finished: bool = False
-    text: str = ""
-    """Text of the generated tokens, as far as emitted to the client."""
     first_token_at: float | None = None
     last_token_at: float | None = None
     scheduled_at: float | None = None
@@ -59,6 +57,11 @@ class RouterRequest:
     @property
     def context(self) -> list[int]:
         return list(self.prompt) + self.generated
+
+    def context_from(self, start: int) -> list[int]:
+        """``context[start:]`` without building the whole context (the per-step sync delta)."""
+        p = len(self.prompt)
+        return list(self.prompt[start:]) + self.generated[max(0, start - p):]
 
     @property
     def context_len(self) -> int:

@@ -182,7 +182,7 @@ class Scheduler:
         for r in reqs:
             keep = r.synced.get(VERIFIER, 0)
             tasks.append(verifier_pb2.VerifyTask(
-                request_id=r.request_id, keep=keep, context_delta=r.context[keep:],
+                request_id=r.request_id, keep=keep, context_delta=r.context_from(keep),
                 tree=trees.get(r.request_id), sampling=sampling_to_proto(r.sampling)))
         release = self._release.pop(VERIFIER, set())
         try:
@@ -251,12 +251,11 @@ class Scheduler:
         tasks = []
         for r, c in group:
             keep = r.synced.get(name, 0)
-            ctx = r.context
             tasks.append(drafter_pb2.DraftTask(request_id=r.request_id, keep=keep,
-                                               context_delta=ctx[keep:], k=c.k,
+                                               context_delta=r.context_from(keep), k=c.k,
                                                branching=c.branching,
                                                sampling=sampling_to_proto(r.sampling)))
-            r.synced[name] = len(ctx)
+            r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
         try:

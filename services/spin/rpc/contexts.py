@@ -25,9 +25,11 @@ class ContextBook:
         held = self._ctx.get(request_id)
         if keep < 0 or (keep > 0 and (held is None or len(held) < keep)):
             return None
-        ctx = (held[:keep] if held else []) + list(delta)
-        self._ctx[request_id] = ctx
-        return tuple(ctx)
+        if held is None:
+            held = self._ctx[request_id] = []
+        del held[keep:]
+        held.extend(delta)
+        return tuple(held)
 
     def extend(self, request_id: str, tokens: list[int] | tuple[int, ...]) -> None:
         """Append tokens the service decided itself (the verifier's emitted tokens)."""

@@ -52,12 +52,11 @@ async def _set(servicer: health.aio.HealthServicer, name: str, status: int) -> N
 
 async def serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
                 on_ready: Callable[[int, int | None], None] | None = None,
-                before_stop: Callable[[], Awaitable[None]] | None = None,
                 after_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run a gRPC server until SIGTERM/SIGINT.
 
     ``register`` adds the servicers; ``on_ready(grpc_port, metrics_port)`` runs once it listens;
-    ``before_stop`` runs when a stop signal arrives (before draining), ``after_stop`` after.
+    ``after_stop`` runs once in-flight calls have drained (or the grace period ended).
     """
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     register(server)
@@ -85,8 +84,6 @@ async def serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
     log.info("stopping: draining in-flight calls for up to %.0f s", cfg.grace_s)
     for name in ["", *cfg.service_names]:
         await _set(health_servicer, name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    if before_stop:
-        await before_stop()
     await server.stop(cfg.grace_s)
     if after_stop:
         await after_stop()

@@ -112,10 +112,8 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].num_accepted = verdict.num_accepted
             self.book.extend(req.request_id, verdict.tokens)
         seconds = time.perf_counter() - start
-        metrics.SERVICE_BATCH_SECONDS.labels("verifier", self.name).observe(seconds)
-        metrics.SERVICE_BATCH_REQUESTS.labels("verifier", self.name).observe(len(batch.tasks))
-        metrics.KV_CACHE_USAGE.labels("verifier", self.name).set(
-            1 - runner.cache.free_slots / runner.cache.num_slots)
+        metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
+                                      1 - runner.cache.free_slots / runner.cache.num_slots)
         return verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
                                            verify_seconds=seconds)
 

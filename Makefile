@@ -5,7 +5,7 @@ SPIN := $(VENV)/bin/spin
 # CPU build of torch, installed before anything that depends on torch (else pip pulls CUDA builds).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo serve redis test train report proto clean
+.PHONY: setup demo serve redis tools test train report proto clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,8 +30,12 @@ redis:
 	@command -v redis-server >/dev/null || $(SUDO) apt-get install -y -q redis-server \
 		|| ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server)
 
+## helm, promtool and the dashboard/CRD type checkers for the deployment tests, into build/tools.
+tools:
+	scripts/deploy-tools.sh
+
 ## Every check. pytest's exit code 5 (no tests collected) is a failure too.
-test: setup redis
+test: setup redis tools
 	@$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 

@@ -21,8 +21,10 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 FAMILY_DIR = Path(os.environ.get("SPIN_FAMILY_DIR", REPO_ROOT / "models" / "demo"))
 #: The held-out prompt set committed with the family (prompt + the human text that follows it).
 HELDOUT_PROMPTS = "heldout_prompts.jsonl"
-#: Scratch space for the corpus, token arrays and distillation data (not committed).
-BUILD_DIR = REPO_ROOT / "build" / "zoo"
+#: Scratch space for the corpus, token arrays and distillation data (not committed); its parent
+#: also holds ``spin serve``'s logs and cost model. ``SPIN_BUILD_DIR`` moves it (in a container:
+#: somewhere writable, e.g. /home/spin/.cache/spin).
+BUILD_DIR = Path(os.environ.get("SPIN_BUILD_DIR", REPO_ROOT / "build")) / "zoo"
 
 
 @dataclass(frozen=True)

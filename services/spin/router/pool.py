@@ -1,0 +1,183 @@
+"""One logical service (the verifier, or one drafter) over all of its replicas.
+
+A drafter or verifier replica keeps each request's context (and KV cache) between batches, so a
+request is **pinned** to one replica: the first time it is routed it goes to the replica with the
+fewest pinned requests (spreading work), and stays there. When its replica leaves (its pod is gone
+from discovery) or is down, the request is pinned elsewhere with ``keep = 0``: the new replica gets
+the whole context, which costs one prefill and never changes the output. A replica that fails
+mid-batch answers *resync* for its share of the batch, so the rest of the batch goes on.
+
+The scheduler uses a pool exactly like one stream: ``route`` (the ``keep`` to send), ``call``,
+``available``, ``info``, ``close``. Replicas come from ``set_addresses`` (static in embedded mode;
+the Kubernetes watch in a cluster, see ``discovery.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from ..obs import metrics
+from ..v1 import drafter_pb2, verifier_pb2
+from .clients import ServiceDown, StreamClient
+
+log = logging.getLogger(__name__)
+Kind = Literal["drafter", "verifier"]
+
+
+class ReplicaPool:
+    """Requests pinned to replicas of one service; batches split by replica and merged back."""
+
+    def __init__(self, name: str, kind: Kind, addresses: list[str] | tuple[str, ...] = (),
+                 client: Callable[[str, str, Kind], Any] | None = None) -> None:
+        self.name = name
+        self.kind = kind
+        self._client = client or (lambda n, addr, k: StreamClient(n, addr, k))
+        self.replicas: dict[str, Any] = {}
+        """address -> StreamClient"""
+        self.pins: dict[str, str] = {}
+        """request id -> address of the replica holding its context"""
+        self._releases: dict[str, set[str]] = collections.defaultdict(set)
+        """address -> request ids to release there at its next call"""
+        self._closing: set[asyncio.Task] = set()
+        self.set_addresses(addresses)
+
+    # ---- membership ------------------------------------------------------------------------------
+    @property
+    def addresses(self) -> list[str]:
+        return sorted(self.replicas)
+
+    def set_addresses(self, addresses: list[str] | tuple[str, ...] | set[str]) -> None:
+        """The replicas now: new ones join, departed ones are closed and their requests unpinned."""
+        wanted = set(addresses)
+        for addr in sorted(wanted - set(self.replicas)):
+            log.info("%s %s: replica %s joined", self.kind, self.name, addr)
+            self.replicas[addr] = self._client(self.name, addr, self.kind)
+        for addr in sorted(set(self.replicas) - wanted):
+            log.info("%s %s: replica %s left", self.kind, self.name, addr)
+            client = self.replicas.pop(addr)
+            self._releases.pop(addr, None)
+            for rid in [r for r, a in self.pins.items() if a == addr]:
+                del self.pins[rid]  # routed afresh, with the whole context, at its next step
+            task = asyncio.get_running_loop().create_task(client.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        metrics.REPLICAS.labels(self.kind, self.name if self.kind == "drafter" else "").set(
+            len(self.replicas))
+        if self.kind == "drafter":  # a failed call sets it to 0 again
+            metrics.DRAFTER_UP.labels(self.name).set(1 if self.replicas else 0)
+
+    @property
+    def available(self) -> bool:
+        """Some replica is up, or due for another try."""
+        return any(c.available for c in self.replicas.values())
+
+    # ---- routing ---------------------------------------------------------------------------------
+    def route(self, request_id: str, keep: int) -> int:
+        """Pin the request (if it is not, or its replica is gone or down) and return the ``keep``
+        to send: what the router last synced, or 0 on a replica that never saw the request."""
+        addr = self.pins.get(request_id)
+        client = self.replicas.get(addr) if addr else None
+        if client is not None and (client.available or not self.available):
+            return keep
+        live = [a for a, c in self.replicas.items() if c.available] or list(self.replicas)
+        if not live:
+            return keep  # nothing to pin to: the call fails and the scheduler handles it
+        load = collections.Counter(self.pins.values())
+        new = min(sorted(live), key=lambda a: load[a])
+        if addr in self.replicas:  # moved off a replica that is down: free it there when back
+            self._releases[addr].add(request_id)
+        self.pins[request_id] = new
+        return 0
+
+    def release(self, request_ids: set[str] | list[str]) -> None:
+        """Forget requests; each replica that holds one frees it with its next call."""
+        for rid in request_ids:
+            addr = self.pins.pop(rid, None)
+            if addr in self.replicas:
+                self._releases[addr].add(rid)
+
+    # ---- calls -----------------------------------------------------------------------------------
+    async def info(self, timeout_s: float = 10.0):
+        """The model info of the first replica that answers."""
+        errors = []
+        for addr, client in sorted(self.replicas.items()):
+            try:
+                return await client.info(timeout_s)
+            except Exception as e:  # noqa: BLE001 - try the next replica
+                errors.append(f"{addr}: {e}")
+        raise ServiceDown(f"{self.kind} {self.name}: no replica answered ({'; '.join(errors)})")
+
+    async def call(self, batch, timeout_s: float | None = None):
+        """Send a batch's tasks to their replicas (with each one's pending releases) and return one
+        response, results in the batch's task order. A replica that fails answers *resync* for its
+        tasks; ServiceDown only when every replica with tasks failed."""
+        self.release(batch.release)
+        if batch.tasks and not self.replicas:
+            raise ServiceDown(f"{self.kind} {self.name} has no replicas")
+        groups: dict[str, list[int]] = collections.defaultdict(list)
+        for i, task in enumerate(batch.tasks):
+            if task.request_id not in self.pins:
+                task.keep = self.route(task.request_id, 0)
+            groups[self.pins[task.request_id]].append(i)
+        targets = set(groups) if batch.tasks else {a for a, ids in self._releases.items() if ids}
+        targets &= set(self.replicas)
+        order = sorted(targets)
+        outcomes = await asyncio.gather(*(self._call_one(a, [batch.tasks[i] for i in groups[a]],
+                                                         timeout_s) for a in order),
+                                        return_exceptions=True)
+        results: list[Any] = [None] * len(batch.tasks)
+        seconds, failed = 0.0, []
+        for addr, outcome in zip(order, outcomes):
+            idx = groups.get(addr, [])
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, ServiceDown):
+                    raise outcome
+                failed.append(outcome)
+                for i in idx:  # lost with the replica: routed afresh next step
+                    self.pins.pop(batch.tasks[i].request_id, None)
+                    results[i] = self._resync(batch.tasks[i].request_id)
+                continue
+            seconds = max(seconds, _seconds(outcome))
+            for i, res in zip(idx, outcome.results):
+                results[i] = res
+        if failed and len(failed) == len(order) and batch.tasks:
+            raise failed[0]
+        if self.kind == "drafter":
+            return drafter_pb2.SpeculateResponse(results=results, draft_seconds=seconds)
+        return verifier_pb2.VerifyResponse(results=results, verify_seconds=seconds)
+
+    async def _call_one(self, addr: str, tasks: list, timeout_s: float | None):
+        release = self._releases.pop(addr, set())
+        req = (drafter_pb2.SpeculateRequest(tasks=tasks, release=release) if self.kind == "drafter"
+               else verifier_pb2.VerifyRequest(tasks=tasks, release=release))
+        try:
+            return await self.replicas[addr].call(req, timeout_s)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being cancelled ourselves
+            # the replica left mid-call: closing its stream cancelled the call
+            raise ServiceDown(f"{self.kind} {self.name}: replica {addr} left mid-call") from None
+        except ServiceDown:
+            if addr in self.replicas:
+                self._releases[addr] |= release  # try again when it is back
+            raise
+
+    def _resync(self, request_id: str):
+        if self.kind == "drafter":
+            return drafter_pb2.DraftResult(request_id=request_id, resync=True)
+        return verifier_pb2.VerifyResult(request_id=request_id, resync=True)
+
+    async def close(self) -> None:
+        for client in self.replicas.values():
+            await client.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _seconds(resp) -> float:
+    return resp.draft_seconds if isinstance(resp, drafter_pb2.SpeculateResponse) else resp.verify_seconds

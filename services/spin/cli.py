@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -95,17 +96,44 @@ def _router(args: argparse.Namespace) -> int:
             return 2
         drafters[name] = addr
     default = None if args.default_drafter in ("", "none", "off") else args.default_drafter
-    if default is not None and default != "prompt-lookup" and default not in drafters:
+    kube = None
+    if args.discovery == "kubernetes":
+        from .router.discovery import KubernetesDiscoveryConfig
+
+        if not args.label_selector:
+            print("spin router: --discovery kubernetes needs --label-selector", file=sys.stderr)
+            return 2
+        kube = KubernetesDiscoveryConfig(args.label_selector, args.namespace, args.kube_api)
+    elif not args.verifier:
+        print("spin router: --verifier HOST:PORT is required (or --discovery kubernetes)",
+              file=sys.stderr)
+        return 2
+    elif default is not None and default != "prompt-lookup" and default not in drafters:
         print(f"spin router: --default-drafter {default!r} is not one of the drafters "
               f"{sorted(drafters) + ['prompt-lookup']}", file=sys.stderr)
         return 2
     run(RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
-                     args.redis_url, args.policy, args.cost_model,
+                     _redis_url(args.redis_url), args.policy, args.cost_model, kubernetes=kube,
                      scheduler=SchedulerConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                                      draft_timeout_s=args.draft_timeout,
-                                     micro_batches=args.micro_batches)),
+                                     micro_batches=args.micro_batches,
+                                     prompt_lookup=not args.no_prompt_lookup)),
         _server_config(args))
     return 0
+
+
+def _redis_url(url: str | None) -> str | None:
+    """The statistics store URL, with $SPIN_REDIS_PASSWORD (a Kubernetes Secret) filled in."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    password = os.environ.get("SPIN_REDIS_PASSWORD")
+    if not url or not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password:
+        return url
+    netloc = f"{quote(parts.username or '', safe='')}:{quote(password, safe='')}@{parts.netloc}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -331,7 +359,18 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=_verifier if role == "verifier" else _drafter)
 
     rt = service("router", "the client-facing router", 50051, None)
-    rt.add_argument("--verifier", required=True, help="verifier address host:port")
+    rt.add_argument("--verifier", help="verifier address host:port (static discovery)")
+    rt.add_argument("--discovery", choices=("static", "kubernetes"), default="static",
+                    help="static: --verifier/--drafter addresses; kubernetes: watch EndpointSlices "
+                    "of the drafter and verifier Services (labels spin.dev/role, spin.dev/drafter)")
+    rt.add_argument("--label-selector",
+                    help="kubernetes discovery: EndpointSlices of this release, e.g. "
+                    "app.kubernetes.io/instance=spin")
+    rt.add_argument("--namespace", help="kubernetes discovery: namespace (default: $POD_NAMESPACE)")
+    rt.add_argument("--kube-api", help="kubernetes discovery: API URL without credentials, e.g. "
+                    "`kubectl proxy`'s http://127.0.0.1:8001 (default: in-cluster config)")
+    rt.add_argument("--no-prompt-lookup", action="store_true",
+                    help="do not offer prompt lookup (drafts from the request's own context)")
     rt.add_argument("--tokenizer", type=Path, required=True, help="the target's model directory")
     rt.add_argument("--drafter", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
     rt.add_argument("--default-drafter", default="prompt-lookup",
@@ -342,7 +381,9 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("--draft-timeout", type=_positive(float), default=5.0)
     rt.add_argument("--micro-batches", type=_positive(int), default=1,
                     help="micro-batches in flight (2: draft one while verifying the other)")
-    rt.add_argument("--redis-url", help="acceptance statistics (default: in process)")
+    rt.add_argument("--redis-url", default=os.environ.get("SPIN_REDIS_URL"),
+                    help="acceptance statistics (default: $SPIN_REDIS_URL, else in process); "
+                    "$SPIN_REDIS_PASSWORD supplies a password the URL lacks")
     rt.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
                     "--default-drafter and --default-k for every request")

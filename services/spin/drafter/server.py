@@ -3,6 +3,8 @@
 The router streams batches of draft tasks; each task carries only the context delta since the
 router last synced this request with this drafter. Compute runs on one worker thread (the event loop
 stays free for health checks and other streams); batches from several routers are serialised.
+With tracing on, a task carrying a ``traceparent`` gets a ``spin.draft`` span under the router's
+step span, and its batch a ``spin.drafter.speculate`` span (``obs/tracing.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import grpc
 from ..engine.drafter import DraftRequest, ModelDrafter
 from ..engine.model_runner import ModelRunner
 from ..engine.tree import TokenTree
-from ..obs import metrics
+from ..obs import metrics, tracing
 from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_to_proto
 from ..rpc.serving import ServerConfig, announce, serve
@@ -56,7 +58,7 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
 
     def run_batch(self, batch: drafter_pb2.SpeculateRequest) -> drafter_pb2.SpeculateResponse:
         """Release, sync contexts, draft; one result per task, in task order."""
-        start = time.perf_counter()
+        start, start_ns = time.perf_counter(), time.time_ns()
         for rid in batch.release:
             self.book.release(rid)
             self.drafter.release(rid)
@@ -96,8 +98,22 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
         seconds = time.perf_counter() - start
         metrics.observe_service_batch("drafter", self.name, seconds, len(batch.tasks),
                                       1 - runner.cache.free_slots / runner.cache.num_slots)
+        if tracing.enabled():
+            self._trace(batch, results, start_ns, start_ns + int(seconds * 1e9))
         return drafter_pb2.SpeculateResponse(batch_id=batch.batch_id, results=results,
                                               draft_seconds=seconds)
+
+    def _trace(self, batch: drafter_pb2.SpeculateRequest, results: list[drafter_pb2.DraftResult],
+               start_ns: int, end_ns: int) -> None:
+        """Spans of the batch's traced tasks (those of sampled requests) and of the batch."""
+        tracing.record_batch(
+            "spin.drafter.speculate", "spin.draft", start_ns, end_ns,
+            {"spin.drafter": self.name, "spin.batch_id": batch.batch_id,
+             "spin.batch_size": len(batch.tasks)},
+            ((t.traceparent, t.tracestate,
+              {"spin.request_id": t.request_id, "spin.k": t.k, "spin.tree_size": len(r.tree.tokens),
+               "spin.context_delta": len(t.context_delta), "spin.resync": r.resync})
+             for t, r in zip(batch.tasks, results) if t.traceparent))
 
 
 def _tree_size(branching: tuple[int, ...], k: int) -> int:
@@ -114,5 +130,6 @@ def run(model: str, name: str | None, cfg: ServerConfig, slots: int = 64) -> Non
     name = name or Path(model).name
     service = DrafterService(name, model, slots=slots)
     cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
+    cfg.trace_service = f"spin-drafter-{name}"
     asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),
                       on_ready=announce(f"drafter {name}")))

@@ -1,1 +1,1 @@
-"""Observability: Prometheus metrics (and, with the deployment issue, OpenTelemetry tracing)."""
+"""Observability: Prometheus metrics (``metrics``) and OpenTelemetry tracing (``tracing``)."""

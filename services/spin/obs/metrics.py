@@ -88,6 +88,8 @@ STEP_PREDICTION_ERROR = Histogram("spin:step_prediction_error_ratio",
 BATCH_SIZE = Histogram("spin:batch_size", "Requests per verification step.",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of the statistics store.")
+REPLICAS = Gauge("spin:replicas", "Replicas the router knows per service (from discovery).",
+                 ["role", "drafter"])
 
 # ---- drafter and verifier processes ------------------------------------------------------------
 SERVICE_BATCH_SECONDS = Histogram("spin:service_batch_seconds",

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..obs.tracing import RequestTrace
 
 
 @dataclass
@@ -53,6 +56,17 @@ class RouterRequest:
     steps: int = 0
     steps_off: int = 0
     tallies: dict[str, DrafterTally] = field(default_factory=dict)
+    trace: RequestTrace | None = None
+    """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
+
+    @property
+    def traceparent(self) -> str:
+        """W3C ``traceparent`` of the request's open step span for its tasks ('' if untraced)."""
+        return self.trace.traceparent if self.trace is not None else ""
+
+    @property
+    def tracestate(self) -> str:
+        return self.trace.tracestate if self.trace is not None else ""
 
     @property
     def context(self) -> list[int]:

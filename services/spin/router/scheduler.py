@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import grpc
 
 from ..engine.drafter import prompt_lookup
-from ..obs import metrics
+from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice
 from ..rpc.convert import sampling_to_proto
 from ..v1 import drafter_pb2, generation_pb2, token_tree_pb2, verifier_pb2
-from .clients import ServiceDown, StreamClient
+from .clients import ServiceDown
+from .pool import ReplicaPool
 from .requests import DrafterTally, RouterRequest, TextStream
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class SchedulerConfig:
     micro_batches: int = 1
     """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
     pipeline); 1 = draft, then verify, the whole batch."""
+    prompt_lookup: bool = True
+    """Offer prompt lookup (model-free drafts from the request's own context, computed here in the
+    router) to the policy."""
 
 
 class QueueFull(RuntimeError):
@@ -63,8 +67,8 @@ class RequestError:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, verifier: StreamClient,
-                 drafters: dict[str, StreamClient], policy: Policy,
+    def __init__(self, cfg: SchedulerConfig, verifier: ReplicaPool,
+                 drafters: dict[str, ReplicaPool], policy: Policy,
                  decode: Callable[[list[int]], str], eos_id: int | None, store=None) -> None:
         self.cfg = cfg
         self.verifier = verifier
@@ -171,19 +175,23 @@ class Scheduler:
     async def step(self, reqs: list[RouterRequest]) -> None:
         """One draft -> verify step of a micro-batch."""
         t0 = time.perf_counter()
-        available = {n for n, c in self.drafters.items() if c.available} | {PROMPT_LOOKUP}
+        available = {n for n, c in self.drafters.items() if c.available}
+        if self.cfg.prompt_lookup:
+            available.add(PROMPT_LOOKUP)
         views = [RequestView(r.request_id, r.context_len, len(r.generated),
                              r.max_tokens - len(r.generated), r.sampling.greedy, r.mode,
                              r.drafter, r.k) for r in reqs]
         choices = self.policy.choose(views, available)
+        tracing.start_steps(reqs, choices)  # no-op unless tracing is on
         trees, draft_s = await self._draft(reqs, choices)
         t1 = time.perf_counter()
         tasks = []
         for r in reqs:
-            keep = r.synced.get(VERIFIER, 0)
+            keep = self.verifier.route(r.request_id, r.synced.get(VERIFIER, 0))
             tasks.append(verifier_pb2.VerifyTask(
                 request_id=r.request_id, keep=keep, context_delta=r.context_from(keep),
-                tree=trees.get(r.request_id), sampling=sampling_to_proto(r.sampling)))
+                tree=trees.get(r.request_id), sampling=sampling_to_proto(r.sampling),
+                traceparent=r.traceparent, tracestate=r.tracestate))
         release = self._release.pop(VERIFIER, set())
         try:
             resp = await self.verifier.call(verifier_pb2.VerifyRequest(tasks=tasks, release=release),
@@ -250,11 +258,12 @@ class Scheduler:
                          ) -> tuple[dict[str, token_tree_pb2.TokenTree], float]:
         tasks = []
         for r, c in group:
-            keep = r.synced.get(name, 0)
+            keep = self.drafters[name].route(r.request_id, r.synced.get(name, 0))
             tasks.append(drafter_pb2.DraftTask(request_id=r.request_id, keep=keep,
                                                context_delta=r.context_from(keep), k=c.k,
                                                branching=c.branching,
-                                               sampling=sampling_to_proto(r.sampling)))
+                                               sampling=sampling_to_proto(r.sampling),
+                                               traceparent=r.traceparent, tracestate=r.tracestate))
             r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
@@ -297,6 +306,7 @@ class Scheduler:
     def _apply(self, r: RouterRequest, choice: StepChoice, res: verifier_pb2.VerifyResult,
                drafted: int, draft_s: float, verify_s: float) -> None:
         """Account one verified step (``drafted`` tree nodes) and stream its tokens."""
+        tracing.end_step(r, choice, drafted, res)
         if r.cancelled:
             return
         if res.resync:

@@ -18,12 +18,14 @@ import grpc
 from transformers import AutoTokenizer
 
 from ..engine.sampling import SamplingParams
-from ..obs import metrics
+from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
 from ..rpc.convert import sampling_from_proto
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
-from .clients import StreamClient
+from .clients import ServiceDown
+from .discovery import Endpoints, KubernetesDiscovery, KubernetesDiscoveryConfig
+from .pool import ReplicaPool
 from .requests import RouterRequest
 from .scheduler import QueueFull, RequestError, Scheduler, SchedulerConfig
 
@@ -34,12 +36,12 @@ log = logging.getLogger(__name__)
 class RouterConfig:
     """What the router connects to and how it decides."""
 
-    verifier: str
-    """Verifier address (host:port)."""
+    verifier: str | None
+    """Verifier address (host:port); None with Kubernetes discovery."""
     tokenizer: str
     """Path of the target's tokenizer (the verifier's model directory)."""
     drafters: dict[str, str] = field(default_factory=dict)
-    """Drafter name -> address."""
+    """Drafter name -> address (static discovery)."""
     default_drafter: str | None = PROMPT_LOOKUP
     """The fixed policy's drafter for requests in mode auto (None: no speculation)."""
     default_k: int = 4
@@ -55,17 +57,24 @@ class RouterConfig:
     rpc_overhead_s: float = 0.0015
     """Round-trip time the router adds to each drafter and verifier call (the profile measures
     compute in process); added to the cost model's fixed terms."""
+    kubernetes: KubernetesDiscoveryConfig | None = None
+    """Find drafter and verifier replicas through the Kubernetes API (instead of the static
+    addresses above)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int,
-                 drafter_names: set[str]) -> None:
+    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.vocab_size = vocab_size
-        self.drafter_names = drafter_names | {PROMPT_LOOKUP}
+
+    @property
+    def drafter_names(self) -> set[str]:
+        """Drafters a request may name now (discovery adds them as they appear)."""
+        names = set(self.scheduler.drafters)
+        return names | {PROMPT_LOOKUP} if self.scheduler.cfg.prompt_lookup else names
 
     def parse(self, req: generation_pb2.GenerateRequest) -> RouterRequest:
         """The request as the scheduler takes it; ValueError names what is wrong."""
@@ -89,8 +98,8 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         spec = req.speculation
         mode = {generation_pb2.SPECULATION_MODE_OFF: "off",
                 generation_pb2.SPECULATION_MODE_DRAFTER: "drafter"}.get(spec.mode, "auto")
-        if mode == "drafter" and spec.drafter not in self.drafter_names:
-            raise ValueError(f"unknown drafter {spec.drafter!r}; known: {sorted(self.drafter_names)}")
+        if mode == "drafter" and spec.drafter not in (known := self.drafter_names):
+            raise ValueError(f"unknown drafter {spec.drafter!r}; known: {sorted(known)}")
         if spec.k < 0:
             raise ValueError(f"speculation.k must be >= 0, got {spec.k}")
         if any(not s for s in req.stop):
@@ -111,9 +120,12 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         except QueueFull as e:
             metrics.REQUEST_ERRORS.labels(grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        req.trace = tracing.RequestTrace.start(req)  # None unless traced (and sampled)
         try:
             while True:
                 msg = await req.out.get()
+                if req.trace is not None:
+                    req.trace.observe(msg)
                 if isinstance(msg, RequestError):
                     await context.abort(msg.code, msg.message)
                 yield msg
@@ -121,6 +133,8 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                     return
         finally:
             self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
+            if req.trace is not None:
+                req.trace.end()
 
 
 def _policy(cfg: RouterConfig, store) -> Policy:
@@ -146,22 +160,75 @@ def _policy(cfg: RouterConfig, store) -> Policy:
                          cost=cost, population=store.population)
 
 
+async def _wait_for_verifier(verifier: ReplicaPool):
+    """The target's model info, once some verifier replica answers (discovery may take a while)."""
+    waited = 0.0
+    while True:
+        if verifier.replicas:
+            try:
+                return await verifier.info(timeout_s=120)
+            except ServiceDown as e:
+                log.warning("%s", e)
+        if waited % 30 == 0:
+            log.info("waiting for a verifier replica (%.0f s so far)", waited)
+        await asyncio.sleep(2.0)
+        waited += 2.0
+
+
+async def _check_drafter(name: str, pool: ReplicaPool, vocab_size: int,
+                         drafters: dict[str, ReplicaPool], rejected: set[str]) -> None:
+    """A drafter must share the target's vocabulary; one that does not is never used."""
+    try:
+        d = await pool.info(timeout_s=60)
+    except ServiceDown as e:
+        log.warning("drafter %s is not reachable yet (%s)", name, e)
+        return
+    metrics.DRAFTER_UP.labels(name).set(1)
+    if d.vocab_size != vocab_size:
+        log.error("drafter %s has a vocabulary of %d, the target %d: they must share the "
+                  "tokenizer; not using it", name, d.vocab_size, vocab_size)
+        rejected.add(name)
+        if drafters.get(name) is pool:
+            del drafters[name]
+            await pool.close()
+
+
 async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None) -> None:
     from ..stats import open_stats_store
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
-    verifier = StreamClient("target", cfg.verifier, "verifier")
-    info = await verifier.info(timeout_s=120)
-    drafters = {name: StreamClient(name, addr, "drafter") for name, addr in cfg.drafters.items()}
-    for name, client in drafters.items():
-        try:
-            d = await client.info(timeout_s=60)
-            if d.vocab_size != info.vocab_size:
-                raise SystemExit(f"drafter {name} has a vocabulary of {d.vocab_size}, the target "
-                                 f"{info.vocab_size}: they must share the tokenizer")
-            metrics.DRAFTER_UP.labels(name).set(1)
-        except grpc.aio.AioRpcError as e:
-            log.warning("drafter %s at %s is not reachable yet (%s)", name, client.address, e.code())
+    verifier = ReplicaPool("target", "verifier", [cfg.verifier] if cfg.verifier else [])
+    drafters = {name: ReplicaPool(name, "drafter", [addr]) for name, addr in cfg.drafters.items()}
+    rejected: set[str] = set()
+    checks: set[asyncio.Task] = set()
+    vocab: list[int] = []  # the target's, once known
+
+    def check(name: str, pool: ReplicaPool) -> None:
+        task = asyncio.create_task(_check_drafter(name, pool, vocab[0], drafters, rejected))
+        checks.add(task)
+        task.add_done_callback(checks.discard)
+
+    def on_endpoints(eps: Endpoints) -> None:
+        verifier.set_addresses(eps.verifier)
+        for name in sorted(set(drafters) | set(eps.drafters)):
+            if name in rejected:
+                continue
+            if name not in drafters:
+                drafters[name] = ReplicaPool(name, "drafter")
+                if vocab:
+                    check(name, drafters[name])
+            drafters[name].set_addresses(eps.drafters.get(name, set()))
+
+    discovery = None
+    if cfg.kubernetes is not None:
+        discovery = KubernetesDiscovery(cfg.kubernetes, on_endpoints)
+        log.info("discovering replicas in namespace %s with %s", discovery.namespace,
+                 cfg.kubernetes.label_selector)
+        discovery.start()
+    info = await _wait_for_verifier(verifier)
+    vocab.append(info.vocab_size)
+    for name, pool in list(drafters.items()):
+        check(name, pool)
     sched_cfg = cfg.scheduler
     sched_cfg.max_batch = min(sched_cfg.max_batch, info.max_requests)
     store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc())
@@ -171,11 +238,12 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     scheduler = Scheduler(sched_cfg, verifier, drafters, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store)
-    service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size,
-                                set(drafters))
+    service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size)
     loop_task = asyncio.create_task(scheduler.run())
 
     async def after_stop() -> None:  # server.stop() let in-flight streams finish first
+        if discovery is not None:
+            discovery.stop()
         scheduler.stop()
         await loop_task
         store.close()
@@ -183,6 +251,7 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
             await c.close()
 
     server_cfg.service_names = [generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name]
+    server_cfg.trace_service, server_cfg.trace_redis = "spin-router", True
     await serve(server_cfg,
                 lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(service, s),
                 on_ready=announce("router"), after_stop=after_stop)

@@ -3,8 +3,11 @@
 - ``grpc.health.v1`` health (overall and per service), SERVING once the model is loaded;
 - server reflection, so ``grpcurl`` works without the .proto files;
 - Prometheus metrics over HTTP on their own port;
+- OpenTelemetry tracing when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``obs/tracing.py``): the
+  gRPC instrumentation on the unary and server-streaming calls, spans exported in batches;
 - graceful shutdown: on SIGTERM or SIGINT the process reports NOT_SERVING, stops accepting new
-  calls, lets in-flight calls finish for up to ``grace_s`` seconds, then runs its cleanup.
+  calls, lets in-flight calls finish for up to ``grace_s`` seconds, runs its cleanup, then
+  exports the spans still buffered.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
+
+from ..obs import tracing
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,12 @@ class ServerConfig:
     grace_s: float = 30.0
     """How long in-flight calls may run after SIGTERM."""
     service_names: list[str] = field(default_factory=list)
-    """Full names of the services registered (for health and reflection)."""
+    """Full names of the services registered (for health, reflection and tracing)."""
+    trace_service: str = "spin"
+    """OpenTelemetry ``service.name`` unless ``OTEL_SERVICE_NAME`` sets one (e.g. ``spin-router``);
+    tracing is on iff ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set."""
+    trace_redis: bool = False
+    """Also trace Redis commands (the router's statistics store)."""
 
 
 async def _set(servicer: health.aio.HealthServicer, name: str, status: int) -> None:
@@ -56,9 +66,21 @@ async def serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
     """Run a gRPC server until SIGTERM/SIGINT.
 
     ``register`` adds the servicers; ``on_ready(grpc_port, metrics_port)`` runs once it listens;
-    ``after_stop`` runs once in-flight calls have drained (or the grace period ended).
+    ``after_stop`` runs once in-flight calls have drained (or the grace period ended); buffered
+    spans are exported after it.
     """
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    tracing.setup(cfg.trace_service, redis=cfg.trace_redis)
+    try:
+        await _serve(cfg, register, on_ready, after_stop)
+    finally:
+        tracing.shutdown()
+
+
+async def _serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
+                 on_ready: Callable[[int, int | None], None] | None,
+                 after_stop: Callable[[], Awaitable[None]] | None) -> None:
+    server = grpc.aio.server(options=CHANNEL_OPTIONS,
+                             interceptors=tracing.server_interceptors(cfg.service_names))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

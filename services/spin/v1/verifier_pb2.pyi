@@ -10,18 +10,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling")
+    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
     tree: _token_tree_pb2.TokenTree
     sampling: _sampling_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    tracestate: str
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")

@@ -2,7 +2,9 @@
 
 Each task carries the context delta since the router last synced the request (usually nothing: the
 verifier appends the tokens it emits itself) and the drafted tree. One target forward scores the
-whole batch; the engine's acceptance rule decides. Compute runs on one worker thread.
+whole batch; the engine's acceptance rule decides. Compute runs on one worker thread. With tracing
+on, a task carrying a ``traceparent`` gets a ``spin.verify`` span under the router's step span, and
+its batch a ``spin.verifier.verify`` span (``obs/tracing.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import grpc
 from ..engine.model_runner import ModelRunner
 from ..engine.tree import TokenTree
 from ..engine.verifier import Verifier, VerifyRequest
-from ..obs import metrics
+from ..obs import metrics, tracing
 from ..policy.decompose import ForwardCost, decompose, padded_fraction
 from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_from_proto
@@ -64,6 +66,33 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
 
     def run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         """Release, sync contexts, verify in one forward; one result per task, in task order."""
+        if not tracing.enabled():
+            return self._run_batch(batch)
+        start_ns = time.time_ns()
+        try:
+            resp = self._run_batch(batch)
+        except BatchRejected as e:
+            self._trace(batch, None, start_ns, e)
+            raise
+        self._trace(batch, resp, start_ns)
+        return resp
+
+    def _trace(self, batch: verifier_pb2.VerifyRequest, resp: verifier_pb2.VerifyResponse | None,
+               start_ns: int, error: BatchRejected | None = None) -> None:
+        """Spans of the batch's traced tasks (those of sampled requests) and of the batch."""
+        results = (resp.results if resp is not None  # rejected: no results, the error says why
+                   else [verifier_pb2.VerifyResult()] * len(batch.tasks))
+        tracing.record_batch(
+            "spin.verifier.verify", "spin.verify", start_ns, time.time_ns(),
+            {"spin.model": self.name, "spin.batch_id": batch.batch_id,
+             "spin.batch_size": len(batch.tasks)},
+            ((t.traceparent, t.tracestate,
+              {"spin.request_id": t.request_id, "spin.tree_size": len(t.tree.tokens),
+               "spin.accepted": r.num_accepted, "spin.tokens": len(r.tokens),
+               "spin.context_delta": len(t.context_delta), "spin.resync": r.resync})
+             for t, r in zip(batch.tasks, results) if t.traceparent), error)
+
+    def _run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         start = time.perf_counter()
         for rid in batch.release:
             self.book.release(rid)
@@ -130,5 +159,6 @@ def run(model: str, cfg: ServerConfig, slots: int = 64, decompose: bool = True) 
     """Load the target, then serve until SIGTERM."""
     service = VerifierService(model, slots=slots, decompose=decompose)
     cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
+    cfg.trace_service = "spin-verifier"
     asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),
                       on_ready=announce("verifier")))

@@ -223,3 +223,18 @@ def test_branching_tree_near_the_context_limit_fits(prompts) -> None:
     ok, tight = resp.results
     assert len(ok.tree.tokens) == 2 and not tight.resync
     assert len(ctx) + len(tight.tree.tokens) <= 32
+
+
+def test_score_task_reports_agreement_and_drafts_nothing(service, reference, prompts) -> None:
+    ctx = prompts[0]
+    task = _task("s", 0, ctx, k=0)
+    task.score, task.score_from = True, 10
+    (res,) = service.run_batch(_batch(task)).results
+    assert not res.resync and len(res.tree.tokens) == 0
+    assert res.score_positions == len(ctx) - 10
+    assert (res.score_matches, res.score_positions) == tuple(
+        reference.score([DraftRequest("ref-s", ctx, 0)], [10])[0])
+    reference.release("ref-s")
+    # the prefill is kept: a follow-up draft needs only the delta
+    (res,) = service.run_batch(_batch(_task("s", len(ctx), (), k=4), batch_id=2)).results
+    assert tuple(res.tree.tokens) == _ref(reference, ctx).tokens

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spin.engine.drafter import DraftRequest, ModelDrafter, PromptLookupDrafter, prompt_lookup
+from spin.engine.drafter import (DraftRequest, ModelDrafter, PromptLookupDrafter, prompt_lookup,
+                                 prompt_lookup_score)
 from spin.engine.model_runner import ModelRunner
 from spin.engine.sampling import SamplingParams
 
@@ -16,6 +17,14 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     assert prompt_lookup([7, 7], k=4) == [7]
     tree = PromptLookupDrafter().propose([DraftRequest("a", (1, 2, 3, 1, 2), 2)])[0]
     assert tree.tokens == (3, 1) and tree.is_chain
+
+
+def test_prompt_lookup_score_counts_what_the_lookup_would_have_proposed() -> None:
+    ctx = [1, 2, 3, 1, 2, 3, 1, 2, 4]
+    # positions 4..8 (tokens 2 3 1 2 4): the lookup proposes 2, 3, 1, 2, 3 from what precedes each
+    assert prompt_lookup_score(ctx, start=4) == (4, 5)
+    assert prompt_lookup_score(ctx, start=4, max_positions=2) == (1, 2)  # the last two only
+    assert prompt_lookup_score([5, 6, 7], start=1) == (0, 2)  # nothing repeats
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +79,23 @@ def test_sampled_drafts_ship_their_distributions(drafter: ModelDrafter) -> None:
     assert torch.allclose(tree.draft_probs.sum(-1), torch.ones(3))
     assert all(float(tree.draft_probs[i, t]) > 0 for i, t in enumerate(tree.tokens))
     drafter.release("d")
+
+
+@torch.inference_mode()
+def test_score_is_greedy_agreement_and_its_prefill_is_reused(drafter: ModelDrafter,
+                                                             draft_model) -> None:
+    ctx = (5, 17, 300, 42, 9, 17, 300, 42, 8, 77, 5, 17)
+    pred = draft_model(input_ids=torch.tensor([ctx])).logits[0].argmax(-1).tolist()
+    want = sum(pred[j - 1] == ctx[j] for j in range(6, len(ctx)))  # positions 6.. only
+    assert drafter.score([DraftRequest("s", ctx, 0)], [6]) == [(want, len(ctx) - 6)]
+    longer = ctx + (300, 42)
+    # a later round scores only tokens after ones the slot had not seen: the last new one (the
+    # first new one was predicted from the previous round's last token)
+    later = drafter.score([DraftRequest("s", longer, 0)], [6])
+    assert later == [(int(int(draft_model(input_ids=torch.tensor([longer[:13]])).logits[0, -1]
+                              .argmax()) == longer[13]), 1)]
+    tree = drafter.propose([DraftRequest("s", longer, 3)])[0]  # drafts from the kept prefill
+    drafter.release("s")
+    fresh = drafter.propose([DraftRequest("t", longer, 3)])[0]
+    drafter.release("t")
+    assert tree.tokens == fresh.tokens

@@ -221,3 +221,11 @@ def test_config_validation() -> None:
         ControllerConfig(prior_acceptance=1.5)
     with pytest.raises(ValueError):
         ControllerConfig(k_max=-1)
+
+
+def test_agreement_evidence_moves_the_estimate_like_draft_tokens() -> None:
+    tr = AcceptanceTracker(ControllerConfig(prior_trials=2.0), population={"d": 0.5})
+    tr.add_evidence("r", "d", 18, 2)  # 18 of 20 positions agreed
+    assert tr.get("r", "d") == pytest.approx((1 + 18) / (2 + 20))
+    tr.add_evidence("r", "e", 0, 10)  # unknown drafter: the default prior, then the evidence
+    assert tr.get("r", "e") < 0.1

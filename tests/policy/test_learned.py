@@ -88,3 +88,48 @@ def test_predicted_step_time_is_exposed() -> None:
     assert c.k > 0 and abs(policy.last_predicted_step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
     policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
     assert policy.last_predicted_step_s is None  # nothing chosen by the model: nothing predicted
+
+
+def _generated(rid: str, generated: int) -> RequestView:
+    return RequestView(rid, 200 + generated, generated, 100, True)
+
+
+def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    try:
+        (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+        assert c.drafter == "draft-code" and c.score == ()  # the population's best, no scores yet
+        policy.observe("p", c, 0, 0.004, 0.011)
+        (c,) = policy.choose([_generated("p", policy.cfg.score_after)], DRAFTERS)
+        assert set(c.score) == DRAFTERS  # every drafter scores the request's output
+        policy.observe_score("p", "draft-prose", 15, 16)  # it predicts this request's text
+        policy.observe_score("p", "draft-code", 1, 16)
+        policy.observe_score("p", PROMPT_LOOKUP, 0, 16)
+        (c,) = policy.choose([_generated("p", policy.cfg.score_after + 1)], DRAFTERS)
+        assert c.drafter == "draft-prose" and c.k >= 4 and c.score == ()
+        assert policy.controller.tracker.get("p", "draft-prose") > 0.8
+        assert policy.controller.tracker.get("p", "draft-code") < 0.3
+    finally:
+        policy.close()
+
+
+def test_scoring_rounds_are_spaced_and_bounded() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    asked = [g for g in range(40) if policy.choose([_generated("r", g)], DRAFTERS)[0].score]
+    n, every = policy.cfg.score_rounds, policy.cfg.score_after
+    assert asked == [every * (i + 1) for i in range(n)]
+    assert not policy.choose([_generated("r", 99)], DRAFTERS)[0].score
+    policy.release("r")
+    assert policy.choose([_generated("r", 50)], DRAFTERS)[0].score  # a new request is scored
+
+
+def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    policy.selector.update("q", "draft-code", 5, 0.015)  # one good step: the scale
+    before = policy.selector.snapshot("q")["draft-code"]
+    (c,) = policy.choose([_generated("q", 1)], {"draft-code"})
+    policy.observe("q", type(c)(None), 0, 0.0, 0.011)  # the step did not speculate
+    mean, n = policy.selector.snapshot("q")["draft-code"]
+    assert n == before[1] + 1 and mean < before[0]  # one token in 11 ms: a worse reward

@@ -232,3 +232,14 @@ def test_regret_with_a_correct_prior_is_small_and_table_prints() -> None:
     table = regret_table(WORKLOAD, steps=(8, 16), requests=15, seed=0).splitlines()
     assert table[0].split() == ["algorithm", "8", "steps", "16", "steps"]
     assert [line.split()[0] for line in table[1:]] == list(ALGORITHMS)
+
+
+def test_set_prior_replaces_the_prior_and_keeps_own_observations() -> None:
+    sel = DraftSelector(SelectorConfig(), {"a": PopulationArm(100.0, 50), "b": PopulationArm(50.0, 50)})
+    sel.update("r", "b", 1, 0.1)  # one own step of b: 10 tokens/s
+    sel.set_prior("r", "b", 300.0, 4.0)  # b predicted at 300 tokens/s, worth 4 steps
+    mean, n = sel.snapshot("r")["b"]
+    assert n == 1 and mean == pytest.approx((300.0 * 4 + 10.0) / 5)
+    sel.set_prior("r", "a", 30.0, 4.0)  # never used: the prediction is its whole posterior
+    assert sel.snapshot("r")["a"] == (pytest.approx(30.0), 0)
+    assert sel.choose("r", {"a", "b"}) == "b"

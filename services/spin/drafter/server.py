@@ -64,6 +64,7 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
             self.drafter.release(rid)
         results: list[drafter_pb2.DraftResult] = []
         work: list[tuple[int, DraftRequest]] = []
+        scoring: list[tuple[int, DraftRequest, int]] = []
         runner = self.drafter.runner
         free = runner.cache.free_slots
         for task in batch.tasks:
@@ -80,6 +81,14 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                 continue
             if not ctx or any(b <= 0 for b in task.branching):
                 continue
+            if task.score and task.k <= 0 and len(ctx) < runner.max_len:
+                if task.request_id not in self.drafter.slots:
+                    if free == 0:
+                        continue
+                    free -= 1
+                req = DraftRequest(task.request_id, ctx, 0, (), sampling)
+                scoring.append((len(results) - 1, req, task.score_from))
+                continue
             k = task.k  # as deep as the cache has room for every node of the tree
             while k > 0 and len(ctx) + _tree_size(tuple(task.branching), k) > runner.max_len:
                 k -= 1
@@ -91,6 +100,9 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                 free -= 1
             work.append((len(results) - 1, DraftRequest(task.request_id, ctx, k,
                                                         tuple(task.branching), sampling)))
+        scores = self.drafter.score([r for _, r, _ in scoring], [f for _, _, f in scoring])
+        for (i, _, _), (matches, positions) in zip(scoring, scores):
+            results[i].score_matches, results[i].score_positions = matches, positions
         if work:
             trees: list[TokenTree] = self.drafter.propose([r for _, r in work])
             for (i, _), tree in zip(work, trees):

@@ -64,6 +64,20 @@ def prompt_lookup(context: tuple[int, ...] | list[int], k: int, max_ngram: int =
     return []
 
 
+def prompt_lookup_score(context: tuple[int, ...] | list[int], start: int = 1,
+                        max_positions: int = 64, max_ngram: int = 3) -> tuple[int, int]:
+    """How well prompt lookup predicts the context itself: (matches, positions) over positions
+    ``start`` on (at most the last ``max_positions``), each predicted by ``prompt_lookup`` from
+    the tokens before it."""
+    n = len(context)
+    start = max(1, start, n - max_positions)
+    matches = 0
+    for j in range(start, n):
+        found = prompt_lookup(context[:j], 1, max_ngram)
+        matches += bool(found) and found[0] == context[j]
+    return matches, n - start
+
+
 class PromptLookupDrafter:
     """Model-free n-gram drafting from the request's own context (chains only, one-hot drafts)."""
 
@@ -96,6 +110,31 @@ class ModelDrafter:
         whose logits draft the first level)."""
         slot, common = self.slots.sync(r.request_id, r.context, r.sampling.seed)
         return ForwardItem(slot, tuple(r.context[common:]))
+
+    @torch.inference_mode()
+    def score(self, requests: list[DraftRequest], start: list[int]) -> list[tuple[int, int]]:
+        """How well this model predicts each request's context: (matches, positions) over the
+        context positions from ``start`` on whose preceding token the slot lacked (all but the
+        first token it is fed), ``matches`` of them equal to the greedy prediction from the
+        tokens before them (for greedy decoding: this drafter's acceptance rate on that text).
+        The prefill stays in the cache for later drafts."""
+        if not requests:
+            return []
+        items = [self._catch_up_item(r) for r in requests]
+        logits = self.runner.forward(items)                                        # [B, Lq, V]
+        out = []
+        for i, (r, it, s) in enumerate(zip(requests, items, start)):
+            n, first = len(it.tokens), len(r.context) - len(it.tokens)  # fed = context[first:]
+            self.runner.cache.commit(it.slot, len(r.context))
+            self.slots.hold(r.request_id, list(r.context))
+            lo = max(0, s - first - 1)  # logits row t predicts context[first + t + 1]
+            if n - 1 <= lo:
+                out.append((0, 0))
+                continue
+            pred = logits[i, lo: n - 1].argmax(-1)                                  # [P]
+            want = torch.tensor(it.tokens[lo + 1:], device=pred.device)             # [P]
+            out.append((int((pred == want).sum()), n - 1 - lo))
+        return out
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[TokenTree]:

@@ -24,6 +24,10 @@ class StepChoice:
     """Speculation length (tree depth)."""
     branching: tuple[int, ...] = ()
     """Tree shape: children per node per level; () = a chain."""
+    score: tuple[str, ...] = ()
+    """Drafters (model drafters and prompt lookup) that should also score the request's own
+    output this step: how well each predicts it, answered through ``Policy.observe_score``. A
+    model drafter keeps the prefill for later drafts."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,10 @@ class Policy(Protocol):
 
     def release(self, request_id: str) -> None:
         """The request finished or was cancelled."""
+        ...
+
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+        """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``)."""
         ...
 
 
@@ -97,4 +105,7 @@ class FixedPolicy:
         return None
 
     def release(self, request_id: str) -> None:
+        return None
+
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         return None

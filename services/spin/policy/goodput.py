@@ -132,6 +132,17 @@ class AcceptanceTracker:
         st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
         st.n += 1
 
+    def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
+        """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's
+        greedy agreement with the request's own output (each position one Bernoulli trial)."""
+        per = self._state.setdefault(request_id, {})
+        st = per.get(drafter)
+        if st is None:
+            a0 = self.prior(drafter)
+            st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
+        st.s += max(0.0, accepted)
+        st.f += max(0.0, rejected)
+
     def observations(self, request_id: str, drafter: str) -> int:
         st = self._state.get(request_id, {}).get(drafter)
         return st.n if st else 0

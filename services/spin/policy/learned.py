@@ -11,8 +11,25 @@ Per step, for the running batch:
    trips included, plus the switching cost when the drafter changed) rewards the bandit, and the
    accepted count updates the request's acceptance estimate.
 
-A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter, so
-its acceptance estimate can recover (the controller alone would never observe it again).
+A step in which the bandit's drafter did not speculate (the controller chose k = 0 for it, or
+prompt lookup found no match) still rewards that drafter, with the one token such a step yields,
+so the bandit moves on instead of keeping a drafter that never drafts; and in that step the
+request first tries its next-best drafter (by posterior mean) through the controller once more.
+
+**Scoring.** Once a request has generated ``score_after`` tokens, every drafter it has not used
+scores them: each model drafter prefills the request's context (a prefill it reuses if chosen
+later) and counts the generated tokens that equal its greedy prediction from the tokens before
+them; prompt lookup is scored in the router. With greedy decoding a draft token is accepted
+exactly when it equals the target's token, so agreement on the target's own output *is* the
+drafter's acceptance rate on this request (no calibration, unlike agreement with the prompt,
+which is human text). Each scored position counts as one accepted or rejected draft token in
+the request's acceptance estimate for the drafter, and the drafter's bandit prior (own steps kept)
+becomes the goodput the cost model predicts at the best k for that rate. So a request
+learns which drafter fits it from one round of prefills instead of one slow exploratory step per
+drafter, which matters for requests of tens of steps.
+
+A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
+so its acceptance estimate can recover (the controller alone would never observe it again).
 """
 
 from __future__ import annotations
@@ -24,7 +41,7 @@ from dataclasses import dataclass, field
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice
 from .cost_model import CostModel
-from .goodput import ControllerConfig, SpecLengthController
+from .goodput import ControllerConfig, SpecLengthController, expected_tokens
 from .selector import DraftSelector, SelectorConfig, population_from_stats
 
 log = logging.getLogger(__name__)
@@ -43,6 +60,17 @@ class LearnedPolicyConfig:
     """How often the population statistics are re-read (in a background thread)."""
     probe_every: int = 16
     """Steps at k = 0 after which a request probes once with k = 1."""
+    score_after: int = 4
+    """Generated tokens after which every unused drafter scores the request's output (see the
+    module doc), and again after each further ``score_after`` tokens; 0 = never."""
+    score_rounds: int = 4
+    """Scoring rounds per request at most (each adds the new tokens to the counts)."""
+    score_trials: float = 4.0
+    """Weight, in steps, of the bandit prior predicted from a drafter's agreement (the agreement
+    itself adds one accepted or rejected draft token per scored position to the acceptance
+    estimate)."""
+    fallback: bool = True
+    """A request whose drafter gets k = 0 tries its next-best drafter in the same step."""
 
 
 class LearnedPolicy:
@@ -55,6 +83,14 @@ class LearnedPolicy:
         self.controller = SpecLengthController(cost, self.cfg.controller)
         self._population = population
         self._idle: dict[str, int] = {}
+        self._chosen: dict[str, str] = {}
+        """request id -> the bandit's drafter this step (auto mode only)"""
+        self._scored: dict[str, int] = {}
+        """request id -> scoring rounds so far"""
+        self._agreement: dict[str, dict[str, list[int]]] = {}
+        """request id -> drafter -> [matches, positions] summed over rounds"""
+        self._ctx: dict[str, int] = {}
+        """request id -> context length at its last step"""
         self.last_predicted_step_s: float | None = None
         """Predicted time of the step last chosen (None without a cost model)."""
         self._stop = threading.Event()
@@ -90,9 +126,12 @@ class LearnedPolicy:
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
                 drafters.append(self.selector.choose(r.request_id, available))
+                self._chosen[r.request_id] = drafters[-1]
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
         ks = self.controller.choose(batch) if auto else [0] * len(requests)
+        if auto and self.cfg.fallback:
+            ks = self._fallback(requests, drafters, batch, ks, available)
         out = []
         for r, d, k in zip(requests, drafters, ks):
             if r.mode == "drafter" and r.k:
@@ -101,22 +140,85 @@ class LearnedPolicy:
                 k = 1
             k = min(k, r.remaining - 1)
             self._idle[r.request_id] = 0 if k > 0 else self._idle.get(r.request_id, 0) + 1
-            out.append(StepChoice(d, k) if d is not None and k > 0 else StepChoice(None))
+            score: tuple[str, ...] = ()
+            rounds = self._scored.get(r.request_id, 0)
+            if (self.cfg.score_after and r.mode == "auto" and rounds < self.cfg.score_rounds
+                    and r.generated >= (rounds + 1) * self.cfg.score_after):
+                self._scored[r.request_id] = rounds + 1
+                score = tuple(sorted(available))
+            self._ctx[r.request_id] = r.context_len
+            out.append(StepChoice(d, k, score=score) if d is not None and k > 0
+                       else StepChoice(None, score=score))
         self.last_predicted_step_s = None
         if auto and self.controller.cost is not None:
             self.last_predicted_step_s = self.controller.predicted_step_s(
                 batch, [c.k for c in out])
         return out
 
+    def _fallback(self, requests: list[RequestView], drafters: list[str | None],
+                  batch: list[tuple[str, str | None, int]], ks: list[int],
+                  available: set[str]) -> list[int]:
+        """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
+        once more through the controller; a drafter that would not draft is no use this step."""
+        swapped = list(drafters)
+        for i, r in enumerate(requests):
+            if (r.mode != "auto" or ks[i] > 0 or drafters[i] is None
+                    or (self.cfg.score_after and r.request_id not in self._scored)):
+                continue  # before its first scores a request's next-best is a blind guess
+            ranked = sorted(((mean, name) for name, (mean, _) in
+                             self.selector.snapshot(r.request_id).items()
+                             if name in available and name != drafters[i]), reverse=True)
+            if ranked:
+                swapped[i] = ranked[0][1]
+        if swapped == drafters:
+            return ks
+        alt = self.controller.choose([(rid, d, c) for (rid, _, c), d in zip(batch, swapped)])
+        out = list(ks)
+        for i, r in enumerate(requests):
+            if swapped[i] != drafters[i] and alt[i] > 0:
+                drafters[i], out[i] = swapped[i], alt[i]
+                self._chosen[r.request_id] = swapped[i]
+                batch[i] = (r.request_id, swapped[i], batch[i][2])
+        return out
+
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
+        chosen = self._chosen.pop(request_id, None)
         if choice.drafter is None:
+            if chosen is not None:  # the bandit's pick gave a plain step: one token
+                self.selector.update(request_id, chosen, 1, draft_s + verify_s)
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(request_id, choice.drafter)
         self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
         self.controller.observe(request_id, choice.drafter, choice.k, accepted)
 
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+        """Seed the request's acceptance estimate and bandit prior of ``drafter`` from its
+        agreement with the request's own output (module doc)."""
+        if positions <= 0 or request_id not in self._scored:
+            return
+        self.controller.tracker.add_evidence(request_id, drafter, matches, positions - matches)
+        total = self._agreement.setdefault(request_id, {}).setdefault(drafter, [0, 0])
+        total[0] += matches
+        total[1] += positions
+        rate = (total[0] + 0.5) / (total[1] + 1.0)
+        ctx = self._ctx.get(request_id, 0)
+        best = 0.0
+        for k in range(1, self.controller.cfg.k_max + 1):
+            step_s = self.controller.predicted_step_s([(request_id, drafter, ctx)], [k])
+            if not step_s > 0.0:  # no cost model: rescale the population prior instead
+                pop = self.controller.tracker.prior(drafter)
+                self.selector.scale_prior(request_id, drafter,
+                                          expected_tokens(rate, 4) / expected_tokens(pop, 4))
+                return
+            best = max(best, expected_tokens(rate, k) / step_s)
+        self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
+
     def release(self, request_id: str) -> None:
+        self._scored.pop(request_id, None)
+        self._agreement.pop(request_id, None)
+        self._ctx.pop(request_id, None)
         self.selector.release(request_id)
         self.controller.release(request_id)
         self._idle.pop(request_id, None)
+        self._chosen.pop(request_id, None)

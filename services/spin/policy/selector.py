@@ -122,6 +122,10 @@ class _Arm:
     """Weighted sum of squared deviations from ``mean`` (pseudo-counts sit at the prior mean)."""
     n: int = 0
     """Own observations in this request."""
+    own_sum: float = 0.0
+    """(Discounted) sum of the own observations' normalised rewards."""
+    own_weight: float = 0.0
+    """(Discounted) count of the own observations."""
 
     def variance(self, prior_var: float, floor: float) -> float:
         """Per-step reward variance; ``prior_var`` counts as one pseudo-observation."""
@@ -217,14 +221,44 @@ class DraftSelector:
                 for other in req.arms.values():
                     other.weight *= gamma
                     other.m2 *= gamma
+                    other.own_sum *= gamma
+                    other.own_weight *= gamma
             x = reward / req.scale if req.scale else 0.0
             arm.weight += 1.0
             delta = x - arm.mean
             arm.mean += delta / arm.weight
             arm.m2 += delta * (x - arm.mean)
             arm.n += 1
+            arm.own_sum += x
+            arm.own_weight += 1.0
             req.previous = drafter
             req.steps += 1
+
+    def scale_prior(self, request_id: str, drafter: str, factor: float) -> None:
+        """Scale the request's prior of ``drafter`` (before its first own observation), e.g. by
+        how much better than average the drafter is predicted to do on this request."""
+        if not (factor >= 0.0 and math.isfinite(factor)):
+            return
+        with self._lock:
+            req = self._request(request_id)
+            arm = self._arm(req, drafter)
+            if arm.n == 0:
+                arm.mean *= factor
+
+    def set_prior(self, request_id: str, drafter: str, reward: float, weight: float) -> None:
+        """Replace the request's prior of ``drafter`` by ``reward`` tokens/s worth ``weight``
+        observations (e.g. a prediction from measured acceptance); its own observations stay."""
+        if not (reward >= 0.0 and math.isfinite(reward)) or weight <= 0.0:
+            return
+        with self._lock:
+            req = self._request(request_id)
+            if req.scale is None:
+                req.scale = reward or None
+            arm = self._arm(req, drafter)
+            if req.scale:
+                arm.weight = weight + arm.own_weight
+                arm.mean = (reward / req.scale * weight + arm.own_sum) / arm.weight
+                arm.m2 = 0.0 if arm.n == 0 else arm.m2
 
     def release(self, request_id: str) -> None:
         """Forget the request (finished or cancelled)."""

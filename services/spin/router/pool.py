@@ -126,9 +126,17 @@ class ReplicaPool:
         targets = set(groups) if batch.tasks else {a for a, ids in self._releases.items() if ids}
         targets &= set(self.replicas)
         order = sorted(targets)
-        outcomes = await asyncio.gather(*(self._call_one(a, [batch.tasks[i] for i in groups[a]],
-                                                         timeout_s) for a in order),
-                                        return_exceptions=True)
+        if len(order) == 1 and batch.tasks and len(groups[order[0]]) == len(batch.tasks):
+            # the common case, one replica holds the whole batch: send it as it is (no copies)
+            try:
+                return await self._call_one(order[0], batch, timeout_s)
+            except ServiceDown:
+                for task in batch.tasks:  # lost with the replica: routed afresh next step
+                    self.pins.pop(task.request_id, None)
+                raise
+        outcomes = await asyncio.gather(*(self._call_one(a, self._batch([batch.tasks[i] for i in
+                                                                          groups[a]]), timeout_s)
+                                          for a in order), return_exceptions=True)
         results: list[Any] = [None] * len(batch.tasks)
         seconds, failed = 0.0, []
         for addr, outcome in zip(order, outcomes):
@@ -150,10 +158,15 @@ class ReplicaPool:
             return drafter_pb2.SpeculateResponse(results=results, draft_seconds=seconds)
         return verifier_pb2.VerifyResponse(results=results, verify_seconds=seconds)
 
-    async def _call_one(self, addr: str, tasks: list, timeout_s: float | None):
+    def _batch(self, tasks: list):
+        return (drafter_pb2.SpeculateRequest(tasks=tasks) if self.kind == "drafter"
+                else verifier_pb2.VerifyRequest(tasks=tasks))
+
+    async def _call_one(self, addr: str, req, timeout_s: float | None):
+        """Send ``req`` (its release list replaced by the replica's pending releases)."""
         release = self._releases.pop(addr, set())
-        req = (drafter_pb2.SpeculateRequest(tasks=tasks, release=release) if self.kind == "drafter"
-               else verifier_pb2.VerifyRequest(tasks=tasks, release=release))
+        del req.release[:]
+        req.release.extend(sorted(release))
         try:
             return await self.replicas[addr].call(req, timeout_s)
         except asyncio.CancelledError:

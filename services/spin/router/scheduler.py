@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..engine.drafter import prompt_lookup
+from ..engine.drafter import prompt_lookup, prompt_lookup_score
 from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice
 from ..rpc.convert import sampling_to_proto
@@ -236,6 +236,14 @@ class Scheduler:
         seconds: dict[str, float] = {}
         groups: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
         for r, c in zip(reqs, choices):
+            for name in c.score:  # the policy's probe of how well each drafter predicts r
+                if name == c.drafter:
+                    continue  # this step measures it for real
+                if name == PROMPT_LOOKUP:
+                    self.policy.observe_score(r.request_id, name,
+                                              *prompt_lookup_score(r.context, len(r.prompt)))
+                elif name in self.drafters and self.drafters[name].available:
+                    groups[name].append((r, StepChoice(name, 0, score=(name,))))
             if c.drafter is None or c.k <= 0:
                 continue
             if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
@@ -263,7 +271,9 @@ class Scheduler:
                                                context_delta=r.context_from(keep), k=c.k,
                                                branching=c.branching,
                                                sampling=sampling_to_proto(r.sampling),
-                                               traceparent=r.traceparent, tracestate=r.tracestate))
+                                               traceparent=r.traceparent, tracestate=r.tracestate,
+                                               score=bool(c.score),
+                                               score_from=len(r.prompt) if c.score else 0))
             r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
@@ -283,6 +293,9 @@ class Scheduler:
         for (r, _), res in zip(group, resp.results):
             if res.resync:
                 r.synced.pop(name, None)
+            elif res.score_positions:
+                self.policy.observe_score(r.request_id, name, res.score_matches,
+                                          res.score_positions)
             elif len(res.tree.tokens):
                 trees[r.request_id] = res.tree
         return trees, resp.draft_seconds

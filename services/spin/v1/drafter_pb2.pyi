@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DraftTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate")
+    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate", "score", "score_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class DraftTask(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -27,7 +29,9 @@ class DraftTask(_message.Message):
     sampling: _sampling_pb2.SamplingParams
     traceparent: str
     tracestate: str
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    score: bool
+    score_from: int
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., score: _Optional[bool] = ..., score_from: _Optional[int] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")
@@ -40,14 +44,18 @@ class SpeculateRequest(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[DraftTask, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DraftResult(_message.Message):
-    __slots__ = ("request_id", "tree", "resync")
+    __slots__ = ("request_id", "tree", "resync", "score_matches", "score_positions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
+    SCORE_MATCHES_FIELD_NUMBER: _ClassVar[int]
+    SCORE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tree: _token_tree_pb2.TokenTree
     resync: bool
-    def __init__(self, request_id: _Optional[str] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., resync: _Optional[bool] = ...) -> None: ...
+    score_matches: int
+    score_positions: int
+    def __init__(self, request_id: _Optional[str] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., resync: _Optional[bool] = ..., score_matches: _Optional[int] = ..., score_positions: _Optional[int] = ...) -> None: ...
 
 class SpeculateResponse(_message.Message):
     __slots__ = ("batch_id", "results", "draft_seconds")

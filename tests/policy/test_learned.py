@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spin.policy.base import PROMPT_LOOKUP, RequestView
+from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice
 from spin.policy.cost_model import CostModel
 from spin.policy.learned import LearnedPolicy
 from spin.stats.store import DrafterStats
@@ -130,6 +130,7 @@ def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
     policy.selector.update("q", "draft-code", 5, 0.015)  # one good step: the scale
     before = policy.selector.snapshot("q")["draft-code"]
     (c,) = policy.choose([_generated("q", 1)], {"draft-code"})
-    policy.observe("q", type(c)(None), 0, 0.0, 0.011)  # the step did not speculate
+    assert c.drafter == "draft-code"
+    policy.observe("q", StepChoice(None), 0, 0.0, 0.011)  # the step did not speculate
     mean, n = policy.selector.snapshot("q")["draft-code"]
     assert n == before[1] + 1 and mean < before[0]  # one token in 11 ms: a worse reward

@@ -81,25 +81,21 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                 continue
             if not ctx or any(b <= 0 for b in task.branching):
                 continue
-            if task.score and task.k <= 0 and len(ctx) < runner.max_len:
-                if task.request_id not in self.drafter.slots:
-                    if free == 0:
-                        continue
-                    free -= 1
-                req = DraftRequest(task.request_id, ctx, 0, (), sampling)
-                scoring.append((len(results) - 1, req, task.score_from))
-                continue
+            score = task.score and task.k <= 0  # a prefill that scores, no draft
             k = task.k  # as deep as the cache has room for every node of the tree
             while k > 0 and len(ctx) + _tree_size(tuple(task.branching), k) > runner.max_len:
                 k -= 1
-            if k <= 0:
+            if (k <= 0 and not score) or len(ctx) >= runner.max_len:
                 continue
             if task.request_id not in self.drafter.slots:
-                if free == 0:  # no cache slot: no draft for this one this step
+                if free == 0:  # no cache slot: nothing for this one this step
                     continue
                 free -= 1
-            work.append((len(results) - 1, DraftRequest(task.request_id, ctx, k,
-                                                        tuple(task.branching), sampling)))
+            req = DraftRequest(task.request_id, ctx, k, tuple(task.branching), sampling)
+            if score:
+                scoring.append((len(results) - 1, req, task.score_from))
+            else:
+                work.append((len(results) - 1, req))
         scores = self.drafter.score([r for _, r, _ in scoring], [f for _, _, f in scoring])
         for (i, _, _), (matches, positions) in zip(scoring, scores):
             results[i].score_matches, results[i].score_positions = matches, positions

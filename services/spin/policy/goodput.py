@@ -122,11 +122,7 @@ class AcceptanceTracker:
             raise ValueError(f"accepted={accepted} outside 0..k={k}")
         if k <= 0:
             return
-        per = self._state.setdefault(request_id, {})
-        st = per.get(drafter)
-        if st is None:
-            a0 = self.prior(drafter)
-            st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
+        st = self._acc(request_id, drafter)
         w = self.cfg.ema
         st.s = (1 - w) * st.s + w * accepted
         st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
@@ -135,13 +131,18 @@ class AcceptanceTracker:
     def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
         """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's
         greedy agreement with the request's own output (each position one Bernoulli trial)."""
+        st = self._acc(request_id, drafter)
+        st.s += max(0.0, accepted)
+        st.f += max(0.0, rejected)
+
+    def _acc(self, request_id: str, drafter: str) -> _Acc:
+        """The request's state for ``drafter``, seeded at the population rate when new."""
         per = self._state.setdefault(request_id, {})
         st = per.get(drafter)
         if st is None:
             a0 = self.prior(drafter)
             st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
-        st.s += max(0.0, accepted)
-        st.f += max(0.0, rejected)
+        return st
 
     def observations(self, request_id: str, drafter: str) -> int:
         st = self._state.get(request_id, {}).get(drafter)

@@ -15,6 +15,7 @@ picture of the endpoints to the event loop. It needs RBAC ``list`` and ``watch``
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -175,8 +176,6 @@ class KubernetesDiscovery:
 
 
 def _json(resp) -> dict[str, Any]:
-    import json
-
     try:
         return json.loads(resp.data)
     finally:

@@ -56,6 +56,8 @@ class RouterRequest:
     steps: int = 0
     steps_off: int = 0
     tallies: dict[str, DrafterTally] = field(default_factory=dict)
+    lookup_scored: int = 0
+    """Context tokens prompt lookup was scored on (each round scores only what came since)."""
     trace: RequestTrace | None = None
     """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
 

@@ -239,9 +239,11 @@ class Scheduler:
             for name in c.score:  # the policy's probe of how well each drafter predicts r
                 if name == c.drafter:
                     continue  # this step measures it for real
-                if name == PROMPT_LOOKUP:
+                if name == PROMPT_LOOKUP:  # like a drafter: only the tokens since the last round
+                    start = max(len(r.prompt), r.lookup_scored)
+                    r.lookup_scored = r.context_len
                     self.policy.observe_score(r.request_id, name,
-                                              *prompt_lookup_score(r.context, len(r.prompt)))
+                                              *prompt_lookup_score(r.context, start))
                 elif name in self.drafters and self.drafters[name].available:
                     groups[name].append((r, StepChoice(name, 0, score=(name,))))
             if c.drafter is None or c.k <= 0:

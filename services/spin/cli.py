@@ -247,7 +247,8 @@ def _profile(args: argparse.Namespace) -> int:
     from .bench.profile import ProfileConfig, run_profile
 
     r = run_profile(ProfileConfig(family_dir=args.family_dir, quick=args.quick, out=args.out,
-                                  drafters=args.drafters.split(",") if args.drafters else None))
+                                  drafters=args.drafters.split(",") if args.drafters else None,
+                                  threads=args.threads, drafter_threads=args.drafter_threads))
     print(f"wrote {r['out']} ({r['verify_points']} verify and {r['draft_points']} draft points)")
     print("fit error (MAPE): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["mape"].items()))
     print("batch size -> k at acceptance 0.7: " + ", ".join(
@@ -281,7 +282,10 @@ def _bench_policy(args: argparse.Namespace) -> int:
     print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
           f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "
           f"{1e3 * dc['off']['step_s']:.1f} ms in one, padding {100 * dc['off']['padded_fraction']:.0f}%")
-    print(f"cost model MAPE {r['cost_model_mape']}; lossless mismatches {r['lossless_mismatches']}")
+    fit, serving = r["cost_model_mape"] or {}, r["cost_model_serving_mape"]
+    print("cost model error (MAPE): fit " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in fit.items())
+          + (f"; serving (learned steps) {100 * serving:.1f}%" if serving is not None else ""))
+    print(f"lossless mismatches {r['lossless_mismatches']}")
     if out:
         print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0 if r["lossless_mismatches"] == 0 else 1
@@ -432,6 +436,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--quick", action="store_true", help="a smaller grid (about a minute)")
     pr.add_argument("--drafters", help="comma-separated draft models (default: all)")
     pr.add_argument("--out", type=Path, default=BUILD_DIR.parent / "cost_model.json")
+    pr.add_argument("--threads", type=int, default=0,
+                    help="torch threads when timing verification, as the verifier serves (0 = default)")
+    pr.add_argument("--drafter-threads", type=int, default=0,
+                    help="torch threads when timing drafters, as each drafter serves (0 = default)")
     pr.set_defaults(func=_profile)
 
     bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")

@@ -167,7 +167,9 @@ class Embedded:
                 print(f"measuring this machine for the cost model ({cfg.cost_model}; once) ...",
                       flush=True)
                 subprocess.run(_spin("profile", "--quick", "--family-dir", str(fam), "--out",
-                                     str(cfg.cost_model)), check=True, env=env)
+                                     str(cfg.cost_model), "--threads", str(cfg.threads),
+                                     "--drafter-threads", str(cfg.drafter_threads)),
+                               check=True, env=env)
             threads = ("--threads", str(cfg.threads), "--metrics-port", "0")
             drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0")
             self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),

@@ -12,7 +12,7 @@ from spin.policy.base import PROMPT_LOOKUP
 from spin.policy.cost_model import (CostModel, DraftSample, VerifySample, k_table, nnls)
 
 TRUE_V = (2e-3, 1e-5, 2e-5, 1e-7, 1e-9)
-TRUE_D = {"small": (5e-4, 3e-4, 2e-6, 1e-9), "big": (1e-3, 8e-4, 5e-6, 3e-9)}
+TRUE_D = {"small": (5e-4, 3e-4, 2e-6, 1e-9, 1e-4), "big": (1e-3, 8e-4, 5e-6, 3e-9, 0.0)}
 TRUE_PL = 2e-5
 
 
@@ -24,8 +24,8 @@ def _tv(b: int, s: int, c: int) -> float:
 def _td(name: str, b: int, k: int, c: int) -> float:
     if name == PROMPT_LOOKUP:
         return TRUE_PL * b
-    d0, d1, d2, d3 = TRUE_D[name]
-    return d0 + k * (d1 + d2 * b + d3 * c)
+    d0, d1, d2, d3, d4 = TRUE_D[name]
+    return d0 + k * (d1 + d2 * b + d3 * c + d4 * np.log2(b))
 
 
 def _samples(n: int = 150, noise: float = 0.0,
@@ -131,9 +131,15 @@ def test_ragged_draft_reduces_to_uniform() -> None:
     assert m.predict_draft_ragged("big", [3, 3, 3], ctx) == pytest.approx(
         m.predict_draft("big", 3, 3, sum(ctx)))
     # Levels 1..2 over three requests, level 3 over one: cheaper than everyone at 3.
-    d0, d1, d2, d3 = TRUE_D["big"]
+    assert m.predict_draft_ragged("small", [3, 3, 3], ctx) == pytest.approx(
+        m.predict_draft("small", 3, 3, sum(ctx)))
+    d0, d1, d2, d3, _ = TRUE_D["big"]
     want = d0 + 3 * d1 + d2 * (2 + 2 + 3) + d3 * (2 * 100 + 2 * 2000 + 3 * 700)
     assert m.predict_draft_ragged("big", [2, 2, 3], ctx) == pytest.approx(want)
+    # The log term counts the requests in the call, at the call's largest k.
+    d0, d1, d2, d3, d4 = TRUE_D["small"]
+    want = d0 + 3 * (d1 + d4 * np.log2(2)) + d2 * (3 + 1) + d3 * (3 * 100 + 1 * 700)
+    assert m.predict_draft_ragged("small", [3, 0, 1], ctx) == pytest.approx(want)
     assert m.predict_draft_ragged("big", [0, 0, 0], ctx) == 0.0
     assert m.predict_draft_ragged(PROMPT_LOOKUP, [0, 4, 1], ctx) == pytest.approx(2e-5)
 
@@ -175,7 +181,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     ('{"version": 2, "verify": [0, 0, 0, 0, 0]}', "version"),
     ('{"version": 1}', "malformed"),
     ('{"version": 1, "verify": [1, 2, 3]}', "5 coefficients"),
-    ('{"version": 1, "verify": [0, 0, 0, 0, 0], "draft": {"x": [1]}}', "4 coefficients"),
+    ('{"version": 1, "verify": [0, 0, 0, 0, 0], "draft": {"x": [1]}}', "5 coefficients"),
     ('{"version": 1, "verify": [0, 0, 0, 0, "a"]}', "malformed"),
     ('{"version": 1, "verify": [0, 0, 0, 0, NaN]}', "non-finite"),
 ])
@@ -214,3 +220,14 @@ def test_k_table_low_acceptance_and_margin() -> None:
     loose = k_table(m, {"small": 0.3}, [1], k_max=8, context=100)
     strict = k_table(m, {"small": 0.3}, [1], k_max=8, context=100, margin=10.0)
     assert loose[1] > 0 and strict[1] == 0
+
+
+def test_shift_intercept_moves_one_part_and_stops_at_zero() -> None:
+    m = _model()
+    m.shift_intercept("verify", 0.003)
+    assert m.verify == (TRUE_V[0] + 0.003, *TRUE_V[1:])
+    m.shift_intercept("small", -1.0)  # never below 0
+    assert m.draft["small"] == (0.0, *TRUE_D["small"][1:])
+    assert m.draft["big"] == TRUE_D["big"]
+    m.shift_intercept(PROMPT_LOOKUP, 1.0)  # no per-call constant to move
+    assert m.prompt_lookup_s == _model().prompt_lookup_s

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice
+import pytest
+
+from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from spin.policy.cost_model import CostModel
 from spin.policy.learned import LearnedPolicy
 from spin.stats.store import DrafterStats
@@ -85,9 +87,11 @@ def test_predicted_step_time_is_exposed() -> None:
     (c,) = policy.choose([_view("a")], DRAFTERS)
     # verify 10 ms + (k + 1) scored tokens x 0.1 ms, plus k draft levels x 1 ms for a model drafter
     draft = 0.001 * c.k if c.drafter in ("draft-code", "draft-prose") else 1e-5
-    assert c.k > 0 and abs(policy.last_predicted_step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
+    p = policy.last_prediction
+    assert c.k > 0 and abs(p.step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
+    assert p.verify_s == pytest.approx(0.010 + 1e-4 * (c.k + 1))
     policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
-    assert policy.last_predicted_step_s is None  # nothing chosen by the model: nothing predicted
+    assert policy.last_prediction is None  # nothing chosen by the model: nothing predicted
 
 
 def _generated(rid: str, generated: int) -> RequestView:
@@ -134,3 +138,17 @@ def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
     policy.observe("q", StepChoice(None), 0, 0.0, 0.011)  # the step did not speculate
     mean, n = policy.selector.snapshot("q")["draft-code"]
     assert n == before[1] + 1 and mean < before[0]  # one token in 11 ms: a worse reward
+
+
+def test_served_steps_calibrate_the_cost_model_except_scoring_drafters() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    verify0, code0 = policy.controller.cost.verify[0], policy.controller.cost.draft["draft-code"][0]
+    pred = StepPrediction(0.02, {"draft-code": 0.004, "draft-prose": 0.004}, 0.016,
+                          scoring=frozenset({"draft-prose"}))
+    prose0 = policy.controller.cost.draft["draft-prose"][0]
+    # served: verify 6 ms slower, draft-code 2 ms slower, draft-prose 5 ms slower (but it scored)
+    policy.observe_step(pred, {"draft-code": 0.006, "draft-prose": 0.009}, 0.022)
+    cost = policy.controller.cost
+    assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
+    assert cost.draft["draft-code"][0] == pytest.approx(code0 + 0.1 * 0.002)
+    assert cost.draft["draft-prose"][0] == prose0

@@ -43,6 +43,12 @@ class ProfileConfig:
     reps: int = 5
     drafters: list[str] | None = None
     """Draft models to profile (default: all in the family)."""
+    threads: int = 0
+    """Torch threads while timing verification (0 = torch's default); give what the verifier gets
+    in serving (``spin serve`` gives it 2)."""
+    drafter_threads: int = 0
+    """Torch threads while timing the drafters (0 = torch's default); give what each drafter gets
+    in serving (``spin serve`` gives each 1)."""
     out: Path = field(default_factory=lambda: DEFAULT_COST_MODEL)
 
     def grid(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
@@ -114,10 +120,16 @@ def run_profile(cfg: ProfileConfig) -> dict:
     target = ModelRunner(fam / "target", num_slots=slots)
     drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=slots)) for n in names}
     total = len(contexts) * len(batches) * (len(tokens) + len(names) * len(ks))
-    with tqdm(total=total, desc="profile", unit="point") as bar:
-        verify = profile_verify(target, batches, tokens, contexts, reps, bar)
-        draft = [s for n, d in drafters.items()
-                 for s in profile_draft(n, d, batches, ks, contexts, reps, bar)]
+    default_threads = torch.get_num_threads()
+    try:
+        with tqdm(total=total, desc="profile", unit="point") as bar:
+            torch.set_num_threads(cfg.threads or default_threads)
+            verify = profile_verify(target, batches, tokens, contexts, reps, bar)
+            torch.set_num_threads(cfg.drafter_threads or default_threads)
+            draft = [s for n, d in drafters.items()
+                     for s in profile_draft(n, d, batches, ks, contexts, reps, bar)]
+    finally:
+        torch.set_num_threads(default_threads)
     model = CostModel.fit(verify, draft)
     errors = model.mape(verify, draft)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,14 +56,18 @@ def _stream(stub, prompt: tuple[int, ...], cfg: ServicesBenchConfig, spec: bool)
     return ids, time.perf_counter() - start
 
 
-def _router_times(port: int) -> dict[str, float]:
+STEP_HISTOGRAMS = ("spin:step_seconds", "spin:step_rpc_overhead_seconds",
+                   "spin:step_draft_seconds", "spin:step_verify_seconds")
+
+
+def _router_times(port: int, names: tuple[str, ...] = STEP_HISTOGRAMS) -> dict[str, float]:
+    """``_sum`` and ``_count`` of the router's histograms ``names``, from its metrics endpoint."""
     from urllib.request import urlopen
 
     body = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in body.splitlines():
-        for name in ("spin:step_seconds", "spin:step_rpc_overhead_seconds",
-                     "spin:step_draft_seconds", "spin:step_verify_seconds"):
+        for name in names:
             for suffix in ("_sum", "_count"):
                 if line.startswith(name + suffix + " "):
                     out[name + suffix] = float(line.split()[1])

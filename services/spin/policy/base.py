@@ -31,6 +31,20 @@ class StepChoice:
 
 
 @dataclass(frozen=True)
+class StepPrediction:
+    """The cost model's account of one chosen step (``Policy.last_prediction``)."""
+
+    step_s: float
+    """Predicted step seconds: drafting + verification (their max when pipelined)."""
+    draft_s: dict[str, float]
+    """Predicted seconds of each drafter's call (drafters with a drafting request only)."""
+    verify_s: float
+    """Predicted seconds of the verification call."""
+    scoring: frozenset[str] = frozenset()
+    """Drafters also scoring requests this step: their calls do work the model does not count."""
+
+
+@dataclass(frozen=True)
 class RequestView:
     """What a policy may know about one running request."""
 
@@ -67,6 +81,13 @@ class Policy(Protocol):
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``)."""
+        ...
+
+    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
+                     verify_s: float) -> None:
+        """A step the policy predicted (its ``last_prediction`` right after ``choose``) took
+        ``draft_s`` per drafter call and ``verify_s`` for the rest (verification and the router's
+        own work), round trips included."""
         ...
 
 
@@ -108,4 +129,8 @@ class FixedPolicy:
         return None
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+        return None
+
+    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
+                     verify_s: float) -> None:
         return None

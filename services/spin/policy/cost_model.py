@@ -11,12 +11,17 @@ contexts: Σ_i scored_i·context_i for a uniform batch).
 Drafting (one call of a model drafter that drafts k levels; each level is one forward over the
 requests still drafting, as ``engine.drafter`` does)::
 
-    t_draft = d0 + k·(d1 + d2·batch + d3·context_tokens)             (uniform batch)
-    t_draft = d0 + K·d1 + d2·Σ_i k_i + d3·Σ_i k_i·context_i          (ragged: K = max_i k_i)
+    t_draft = d0 + k·(d1 + d2·batch + d3·context_tokens + d4·log2 batch)      (uniform batch)
+    t_draft = d0 + K·(d1 + d4·log2 A) + d2·Σ_i k_i + d3·Σ_i k_i·context_i       (ragged)
 
-The ragged form reduces to the uniform one when every k_i = k. ``prompt-lookup`` runs in the router:
-its cost is a tiny constant per speculating request (fitted as a least-squares slope on the batch
-size, or 1e-5 s by default). Every drafter costs 0 at k = 0.
+with K = max_i k_i and A = #{i: k_i > 0}. The ragged form reduces to the uniform one when every
+k_i = k. The ``log2 batch`` term is the concave part of a level's cost measured on CPU: a level
+over 4 requests costs about 3x one request, over 32 about 8x, which no linear term fits; on one
+quick profile of the demo family it took the drafters' fit error from 11-15% to 5-10%. A model
+file written before the term existed (four coefficients) loads with d4 = 0.
+
+``prompt-lookup`` runs in the router: its cost is a tiny constant per speculating request (fitted
+as a least-squares slope on the batch size, or 1e-5 s by default). Every drafter costs 0 at k = 0.
 
 Fitting is non-negative least squares (Lawson–Hanson, in numpy) on *relative* residuals (rows
 weighted by 1/seconds), which matches the MAPE we report and keeps small batches from being drowned
@@ -129,14 +134,19 @@ class CostModel:
 
     verify: tuple[float, float, float, float, float]
     """(c0, c1, c2, c3, c4) of the verification model, seconds."""
-    draft: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    """Per model drafter: (d0, d1, d2, d3) of the draft model, seconds."""
+    draft: dict[str, tuple[float, float, float, float, float]] = field(default_factory=dict)
+    """Per model drafter: (d0, d1, d2, d3, d4) of the draft model, seconds (a 4-tuple means
+    d4 = 0)."""
     prompt_lookup_s: float = DEFAULT_PROMPT_LOOKUP_S
     """Prompt lookup: seconds per speculating request and step."""
     verify_samples: int = 0
     """Verification samples the model was fitted on."""
     draft_samples: dict[str, int] = field(default_factory=dict)
     """Draft samples (k > 0) per drafter the model was fitted on."""
+
+    def __post_init__(self) -> None:
+        self.draft = {n: (*d, 0.0) if len(d) == 4 else tuple(d)  # type: ignore[misc]
+                      for n, d in self.draft.items()}
 
     # ---- prediction ----------------------------------------------------------------------------
 
@@ -152,21 +162,23 @@ class CostModel:
         return (c0 + c1 * batch + c2 * scored_tokens + c3 * context_tokens
                 + c4 * scored_tokens * (context_tokens / batch))
 
-    def draft_terms(self, drafter: str) -> tuple[float, float, float, float, float]:
-        """(d0, d1, d2, d3, d_req) of the ragged model ``[any k>0]·d0 + K·d1 + d2·Σk + d3·Σk·ctx
-        + d_req·#(k>0)``; raises ``KeyError`` for a drafter with no fitted cost."""
+    def draft_terms(self, drafter: str) -> tuple[float, float, float, float, float, float]:
+        """(d0, d1, d2, d3, d_req, d4) of the ragged model ``[A>0]·d0 + K·d1 + d2·Σk + d3·Σk·ctx
+        + d_req·A + d4·K·log2 A`` (A = #(k>0)); raises ``KeyError`` for a drafter with no fitted
+        cost."""
         if drafter == PROMPT_LOOKUP:
-            return (0.0, 0.0, 0.0, 0.0, self.prompt_lookup_s)
+            return (0.0, 0.0, 0.0, 0.0, self.prompt_lookup_s, 0.0)
         if drafter not in self.draft:
             raise KeyError(f"no draft cost for drafter {drafter!r}; known: {sorted(self.draft)}")
-        return (*self.draft[drafter], 0.0)
+        d0, d1, d2, d3, d4 = self.draft[drafter]
+        return (d0, d1, d2, d3, 0.0, d4)
 
     def predict_draft(self, drafter: str, batch: int, k: int, context_tokens: int) -> float:
         """Seconds of one call drafting ``k`` levels for ``batch`` requests (uniform k)."""
         if k <= 0 or batch <= 0:
             return 0.0
-        d0, d1, d2, d3, dr = self.draft_terms(drafter)
-        return d0 + k * (d1 + d2 * batch + d3 * context_tokens) + dr * batch
+        d0, d1, d2, d3, dr, d4 = self.draft_terms(drafter)
+        return d0 + k * (d1 + d2 * batch + d3 * context_tokens + d4 * math.log2(batch)) + dr * batch
 
     def predict_draft_ragged(self, drafter: str, ks: Sequence[int],
                              contexts: Sequence[int]) -> float:
@@ -175,9 +187,21 @@ class CostModel:
         active = k > 0
         if not active.any():
             return 0.0
-        d0, d1, d2, d3, dr = self.draft_terms(drafter)
+        d0, d1, d2, d3, dr, d4 = self.draft_terms(drafter)
         ctx = np.asarray(contexts, dtype=float)
-        return float(d0 + k.max() * d1 + d2 * k.sum() + d3 * (k * ctx).sum() + dr * active.sum())
+        a = int(active.sum())
+        return float(d0 + k.max() * (d1 + d4 * math.log2(a)) + d2 * k.sum()
+                     + d3 * (k * ctx).sum() + dr * a)
+
+    def shift_intercept(self, part: str, delta: float) -> None:
+        """Add ``delta`` seconds to the per-call constant of ``part`` (``"verify"`` or a model
+        drafter), never below 0: how serving's round trips and per-call work, which a profile of
+        bare forwards does not see, enter the model (``goodput.SpecLengthController.calibrate``)."""
+        if part == "verify":
+            self.verify = (max(0.0, self.verify[0] + delta), *self.verify[1:])
+        elif part in self.draft:
+            d = self.draft[part]
+            self.draft[part] = (max(0.0, d[0] + delta), *d[1:])
 
     # ---- fitting -------------------------------------------------------------------------------
 
@@ -200,7 +224,7 @@ class CostModel:
                    f"invalid draft sample {s}")
             if s.k > 0:
                 by_drafter.setdefault(s.drafter, []).append(s)
-        draft: dict[str, tuple[float, float, float, float]] = {}
+        draft: dict[str, tuple[float, float, float, float, float]] = {}
         pl = DEFAULT_PROMPT_LOOKUP_S
         for name, ss in sorted(by_drafter.items()):
             d = np.array([[s.batch, s.k, s.context_tokens, s.seconds] for s in ss], dtype=float)
@@ -208,7 +232,7 @@ class CostModel:
                 pl = float((d[:, 0] * d[:, 3]).sum() / (d[:, 0] ** 2).sum())
                 continue
             b, k, ctx = d[:, 0], d[:, 1], d[:, 2]
-            feats = np.stack([np.ones_like(k), k, k * b, k * ctx], axis=1)
+            feats = np.stack([np.ones_like(k), k, k * b, k * ctx, k * np.log2(b)], axis=1)
             draft[name] = tuple(float(x) for x in _fit_relative(feats, d[:, 3]))  # type: ignore
         return cls(verify=tuple(float(x) for x in c),  # type: ignore[arg-type]
                    draft=draft, prompt_lookup_s=pl, verify_samples=len(vs),
@@ -264,7 +288,8 @@ class CostModel:
             verify = tuple(float(x) for x in raw["verify"])
             _check(len(verify) == 5, "'verify' needs 5 coefficients")
             draft = {str(n): tuple(float(x) for x in d) for n, d in raw.get("draft", {}).items()}
-            _check(all(len(d) == 4 for d in draft.values()), "each 'draft' needs 4 coefficients")
+            _check(all(len(d) in (4, 5) for d in draft.values()),
+                   "each 'draft' needs 5 coefficients (4 in files without the log term)")
             coefs = [*verify, *(x for d in draft.values() for x in d)]
             pl = float(raw.get("prompt_lookup_s", DEFAULT_PROMPT_LOOKUP_S))
             _check(all(math.isfinite(x) for x in [*coefs, pl]), "non-finite coefficient")

@@ -80,6 +80,10 @@ class ControllerConfig:
     """Weight of the population seed, in pseudo draft tokens (trials) at the population rate."""
     pipelined: bool = False
     """Step time = max(draft, verify) (SPIN's pipeline) instead of draft + verify."""
+    calibration: float = 0.1
+    """Online calibration of the cost model in serving: after each step, each part's per-call
+    constant moves this fraction of its error (measured - predicted), so round trips and service
+    overheads that a profile of bare forwards misses are learned within tens of steps; 0 = off."""
 
     def __post_init__(self) -> None:
         if self.k_max < 0 or not 0.0 < self.ema <= 1.0 or self.margin < 0:
@@ -172,7 +176,7 @@ class _Batch:
         self.eligible = self.idx >= 0
         self.ctx = np.array([c for _, _, c in batch], dtype=float)
         self.a = acc
-        self.terms = np.array([cost.draft_terms(d) for d in self.names]).reshape(-1, 5)
+        self.terms = np.array([cost.draft_terms(d) for d in self.names]).reshape(-1, 6)
         self.b, self.c_total = len(batch), float(self.ctx.sum())
 
     def verify(self, scored: float) -> float:
@@ -194,7 +198,7 @@ class _Batch:
     def draft_time(self, d: np.ndarray | int, kmax, act, sk, skc) -> np.ndarray:
         t = self.terms[d]
         return ((act > 0) * t[..., 0] + kmax * t[..., 1] + sk * t[..., 2] + skc * t[..., 3]
-                + act * t[..., 4])
+                + act * t[..., 4] + kmax * np.log2(np.maximum(act, 1)) * t[..., 5])
 
     def combine(self, draft: np.ndarray | float, verify: float) -> np.ndarray | float:
         step = np.maximum(draft, verify) if self.pipelined else draft + verify
@@ -310,15 +314,42 @@ class SpecLengthController:
         bt = self._batch(batch)
         return bt.goodput(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
 
-    def predicted_step_s(self, batch: list[tuple[str, str | None, int]], ks: list[int]) -> float:
-        """Predicted seconds of one step running ``ks`` (NaN without a cost model). Requests with
-        no drafter, or one with no cost, add their k + 1 scored tokens but no draft time."""
+    def predicted_parts(self, batch: list[tuple[str, str | None, int]],
+                        ks: list[int]) -> tuple[dict[str, float], float]:
+        """Predicted seconds of each drafter's call (those with a drafting request) and of the
+        verification, for a step running ``ks``; ({}, NaN) without a cost model. Requests with no
+        drafter, or one with no cost, add their k + 1 scored tokens but no draft time."""
         if len(ks) != len(batch):
             raise ValueError(f"{len(ks)} k values for {len(batch)} requests")
         if self.cost is None:
-            return math.nan
+            return {}, math.nan
         bt = self._batch(batch)
         k = np.asarray(ks, dtype=float)
         kmax, _, act, sk, skc = bt.aggregates(np.where(bt.eligible, k, 0.0))
         drafts = bt.draft_time(np.arange(len(bt.names)), kmax, act, sk, skc)
-        return float(bt.combine(drafts.max(initial=0.0), bt.verify((k + 1).sum())))
+        return ({n: float(t) for n, t, a in zip(bt.names, drafts, act) if a > 0},
+                bt.verify((k + 1).sum()))
+
+    def step_s(self, draft_s: dict[str, float], verify_s: float) -> float:
+        """Step seconds from its parts: drafters run concurrently, then verification (or both at
+        once when pipelined)."""
+        draft = max(draft_s.values(), default=0.0)
+        return max(draft, verify_s) if self.cfg.pipelined else draft + verify_s
+
+    def predicted_step_s(self, batch: list[tuple[str, str | None, int]], ks: list[int]) -> float:
+        """Predicted seconds of one step running ``ks`` (NaN without a cost model)."""
+        drafts, verify = self.predicted_parts(batch, ks)
+        return self.step_s(drafts, verify)
+
+    def calibrate(self, predicted_draft: dict[str, float], predicted_verify: float,
+                  draft_s: dict[str, float], verify_s: float) -> None:
+        """Move each part's per-call constant by ``cfg.calibration`` of its error on a served
+        step (measured minus predicted seconds; drafters measured and predicted only)."""
+        if self.cost is None or not self.cfg.calibration:
+            return
+        rate = self.cfg.calibration
+        if verify_s > 0 and math.isfinite(predicted_verify):
+            self.cost.shift_intercept("verify", rate * (verify_s - predicted_verify))
+        for name, pred in predicted_draft.items():
+            if draft_s.get(name, 0.0) > 0:
+                self.cost.shift_intercept(name, rate * (draft_s[name] - pred))

@@ -182,6 +182,7 @@ class Scheduler:
                              r.max_tokens - len(r.generated), r.sampling.greedy, r.mode,
                              r.drafter, r.k) for r in reqs]
         choices = self.policy.choose(views, available)
+        prediction = getattr(self.policy, "last_prediction", None)  # this lane's, read at once
         tracing.start_steps(reqs, choices)  # no-op unless tracing is on
         trees, draft_s = await self._draft(reqs, choices)
         t1 = time.perf_counter()
@@ -215,10 +216,13 @@ class Scheduler:
         metrics.RPC_OVERHEAD_SECONDS.observe(
             max(0.0, step_s - max(draft_s.values(), default=0.0) - resp.verify_seconds))
         metrics.BATCH_SIZE.observe(len(reqs))
-        predicted = getattr(self.policy, "last_predicted_step_s", None)
-        if predicted:  # the model predicts the step: compute plus the router's round trips
-            metrics.STEP_PREDICTED_SECONDS.observe(predicted)
-            metrics.STEP_PREDICTION_ERROR.observe(abs(predicted - step_s) / max(step_s, 1e-9))
+        if prediction is not None and prediction.step_s > 0:  # round trips included
+            metrics.STEP_PREDICTED_SECONDS.observe(prediction.step_s)
+            metrics.STEP_PREDICTION_ERROR.observe(
+                abs(prediction.step_s - step_s) / max(step_s, 1e-9))
+            # the verification's share: the whole step but the drafters' calls (router work too)
+            self.policy.observe_step(prediction, draft_s,
+                                     step_s - max(draft_s.values(), default=0.0))
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()

@@ -122,13 +122,15 @@ async def wait_ready(channel: grpc.aio.Channel, endpoint: str, timeout_s: float)
 
 async def run_workload(stub: generation_pb2_grpc.GenerationStub, requests: Sequence[Request],
                        cfg: ClientConfig, desc: str, suffix: str = "",
-                       use_arrivals: bool = True) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` (on their arrival times unless ``use_arrivals`` is False).
+                       use_arrivals: bool = True,
+                       progress: bool = True) -> tuple[list[RequestResult], float]:
+    """Send ``requests`` (on their arrival times unless ``use_arrivals`` is False; a progress bar
+    on stderr unless ``progress`` is False).
 
     Returns the results in workload order and the run's wall time in seconds.
     """
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    bar = tqdm(total=len(requests), desc=desc, unit="req", file=sys.stderr)
+    bar = tqdm(total=len(requests), desc=desc, unit="req", file=sys.stderr, disable=not progress)
     t0 = time.perf_counter()
 
     async def one(req: Request) -> RequestResult:

@@ -49,6 +49,20 @@ def test_router_rejects_a_malformed_drafter_flag() -> None:
     assert r.returncode == 2 and "NAME=HOST:PORT" in r.stderr
 
 
+def test_router_and_serve_reject_a_bad_policy_config() -> None:
+    base = ("router", "--verifier", "127.0.0.1:9", "--tokenizer", "models/demo/target")
+    r = run(*base, "--policy-config", "{score_rounds: 2")
+    assert r.returncode == 2 and "--policy-config: not JSON" in r.stderr
+    r = run(*base, "--policy-config", '{"score_round": 2}')
+    assert r.returncode == 2 and "unknown learned-policy setting 'score_round'" in r.stderr
+    r = run("serve", "--policy-config", '{"selector": {"ucb": 1}}')
+    assert r.returncode == 2 and "unknown selector setting(s) ['ucb']" in r.stderr
+    r = run(*base, "--policy-config", '{"selector": {"algorithm": "exp3"}}')
+    assert r.returncode == 2 and "unknown algorithm 'exp3'" in r.stderr
+    r = run("bench", "ab", "--b", '{"score_rounds": "two"}')
+    assert r.returncode == 2 and "'score_rounds' takes int values" in r.stderr
+
+
 def test_zoo_report_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     r = run("zoo", "report", "--prompts", "1", "--new-tokens", "16", "--json", str(out))

@@ -112,14 +112,36 @@ def _router(args: argparse.Namespace) -> int:
         print(f"spin router: --default-drafter {default!r} is not one of the drafters "
               f"{sorted(drafters) + ['prompt-lookup']}", file=sys.stderr)
         return 2
+    try:
+        policy_config = _policy_config(args.policy_config)
+    except ValueError as e:
+        print(f"spin router: --policy-config: {e}", file=sys.stderr)
+        return 2
     run(RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
                      _redis_url(args.redis_url), args.policy, args.cost_model, kubernetes=kube,
+                     policy_config=policy_config,
                      scheduler=SchedulerConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                                      draft_timeout_s=args.draft_timeout,
                                      micro_batches=args.micro_batches,
                                      prompt_lookup=not args.no_prompt_lookup)),
         _server_config(args))
     return 0
+
+
+def _policy_config(text: str | None) -> dict:
+    """The JSON object of ``--policy-config``, checked against the learned policy's settings."""
+    from .policy.learned import LearnedPolicy, learned_config
+
+    if not text:
+        return {}
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"needs a JSON object, got {text!r}")
+    LearnedPolicy(learned_config(overrides))  # ValueError naming a bad setting or value
+    return overrides
 
 
 def _redis_url(url: str | None) -> str | None:
@@ -139,13 +161,19 @@ def _redis_url(url: str | None) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, serve
 
+    try:
+        _policy_config(args.policy_config)
+    except ValueError as e:
+        print(f"spin serve: --policy-config: {e}", file=sys.stderr)
+        return 2
     return serve(ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
                              metrics_port=args.metrics_port,
                              drafters=args.drafters.split(",") if args.drafters else None,
                              default_drafter=args.default_drafter, default_k=args.default_k,
                              max_batch=args.max_batch, max_queue=args.max_queue,
                              redis=not args.no_redis, policy=args.policy,
-                             micro_batches=args.micro_batches))
+                             micro_batches=args.micro_batches,
+                             policy_config=args.policy_config))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -291,6 +319,31 @@ def _bench_policy(args: argparse.Namespace) -> int:
     return 0 if r["lossless_mismatches"] == 0 else 1
 
 
+def _bench_ab(args: argparse.Namespace) -> int:
+    from .bench.ab import ABConfig, run_ab
+
+    for flag, text in (("--a", args.a), ("--b", args.b)):
+        try:
+            _policy_config(text)
+        except ValueError as e:
+            print(f"spin bench ab: {flag}: {e}", file=sys.stderr)
+            return 2
+    r = run_ab(ABConfig(a=args.a, b=args.b, rounds=args.rounds, requests=args.requests,
+                        family_dir=args.family_dir))
+    for row in r["requests"]:
+        print(f"{row['domain']:10s}  A {row['a']:.3f} s  B {row['b']:.3f} s  "
+              f"prompt lookup {row['prompt_lookup']:.3f} s")
+    t = r["total_s"]
+    print(f"total (medians of {r['rounds']} rounds): A {t['a']:.2f} s, B {t['b']:.2f} s, prompt "
+          f"lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
+          f"(< 1: B faster); prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
+          f"/ B = {r['prompt_lookup_over_b']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _positive(kind: type) -> callable:
     def parse(text: str):
         value = kind(text)
@@ -392,6 +445,8 @@ def parser() -> argparse.ArgumentParser:
                     help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
                     "--default-drafter and --default-k for every request")
     rt.add_argument("--cost-model", help="cost model file from `spin profile` (learned policy)")
+    rt.add_argument("--policy-config", help="JSON object overriding learned-policy settings, e.g. "
+                    "'{\"score_rounds\": 2, \"selector\": {\"ucb_c\": 0.1}}'")
     rt.set_defaults(func=_router)
 
     sv = sub.add_parser("serve", help="the whole system on this machine (the embedded default)")
@@ -409,6 +464,8 @@ def parser() -> argparse.ArgumentParser:
                     help="micro-batches in flight in the router (2 = pipelined)")
     sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="the router's policy (learned profiles the machine on first start)")
+    sv.add_argument("--policy-config", help="JSON overrides of the learned policy's settings "
+                    "(see `spin router --help`)")
     sv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
@@ -447,6 +504,15 @@ def parser() -> argparse.ArgumentParser:
     bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
     bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bp.set_defaults(func=_bench_policy)
+
+    ab = bsub.add_parser("ab", help="two learned-policy settings side by side, request by request")
+    ab.add_argument("--a", default="{}", help="setting A: JSON overrides (like --policy-config)")
+    ab.add_argument("--b", default="{}", help="setting B: JSON overrides")
+    ab.add_argument("--rounds", type=_positive(int), default=3, help="passes (per-request medians)")
+    ab.add_argument("--requests", type=_positive(int), default=9, help="mixed workload size")
+    ab.add_argument("--json", help="write the report as JSON to this file")
+    ab.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    ab.set_defaults(func=_bench_ab)
 
     demo = sub.add_parser("demo", help="the family on held-out prompts, with per-drafter acceptance")
     demo.add_argument("--family-dir", type=Path, default=FAMILY_DIR)

@@ -53,6 +53,8 @@ class ServeConfig:
     """Micro-batches in flight in the router (2 = drafting overlaps verification)."""
     policy: str = "learned"
     """The router's policy: 'learned' or 'fixed' (default_drafter, default_k)."""
+    policy_config: str | None = None
+    """JSON overrides of the learned policy's settings (the router's ``--policy-config``)."""
     cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
     """The learned policy's cost model; measured by ``spin profile --quick`` when missing."""
     redis: bool = True
@@ -187,6 +189,8 @@ class Embedded:
                     "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue),
                     "--micro-batches", str(cfg.micro_batches)]
             argv += ["--policy", cfg.policy, "--cost-model", str(cfg.cost_model)]
+            if cfg.policy_config:
+                argv += ["--policy-config", cfg.policy_config]
             for c in self.children[1:]:
                 argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
             if redis_url:

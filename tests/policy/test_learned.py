@@ -6,7 +6,7 @@ import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from spin.policy.cost_model import CostModel
-from spin.policy.learned import LearnedPolicy
+from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
 
 DRAFTERS = {"draft-code", "draft-prose", PROMPT_LOOKUP}
@@ -152,3 +152,20 @@ def test_served_steps_calibrate_the_cost_model_except_scoring_drafters() -> None
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 0.1 * 0.002)
     assert cost.draft["draft-prose"][0] == prose0
+
+
+def test_learned_config_takes_json_overrides_and_names_bad_ones() -> None:
+    cfg = learned_config({"score_rounds": 2, "score_trials": 3, "selector": {"ucb_c": 0.1},
+                          "controller": {"k_max": 6}}, fallback=False)
+    assert (cfg.score_rounds, cfg.score_trials, cfg.fallback) == (2, 3, False)
+    assert cfg.selector.ucb_c == 0.1 and cfg.selector.prior_strength == 8.0  # the rest kept
+    assert cfg.controller.k_max == 6 and cfg.controller.margin == 0.10
+    for bad, match in (({"nope": 1}, "unknown learned-policy setting 'nope'"),
+                       ({"selector": {"x": 1}}, r"unknown selector setting\(s\) \['x'\]"),
+                       ({"selector": 3}, "takes an object"),
+                       ({"score_rounds": "2"}, "takes int values"),
+                       ({"fallback": [True]}, "takes bool values"),
+                       ({"score_after": True}, "takes int values"),
+                       ({"selector": {"ucb_c": "0.1"}}, "selector setting 'ucb_c' takes float")):
+        with pytest.raises(ValueError, match=match):
+            learned_config(bad)

@@ -77,7 +77,7 @@ class PolicyBenchConfig:
 
 
 def _run(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBenchConfig,
-         desc: str, concurrency: int | None = 1) -> tuple[list, float]:
+         desc: str, concurrency: int | None = 1, progress: bool = True) -> tuple[list, float]:
     client = ClientConfig(endpoint, cfg.new_tokens, speculation=spec, k=k,
                           max_concurrency=concurrency)
 
@@ -85,7 +85,8 @@ def _run(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBench
         async with grpc.aio.insecure_channel(endpoint) as channel:
             from spin.v1 import generation_pb2_grpc
             return await run_workload(generation_pb2_grpc.GenerationStub(channel), reqs, client,
-                                      desc, use_arrivals=concurrency is None)
+                                      desc, use_arrivals=concurrency is None,
+                                      progress=progress)
     results, wall = asyncio.run(go())
     failed = [r for r in results if not r.ok]
     if failed:

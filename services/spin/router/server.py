@@ -57,6 +57,9 @@ class RouterConfig:
     rpc_overhead_s: float = 0.0015
     """Round-trip time the router adds to each drafter and verifier call (the profile measures
     compute in process); added to the cost model's fixed terms."""
+    policy_config: dict = field(default_factory=dict)
+    """Overrides of the learned policy's settings (``policy.learned.learned_config``), e.g.
+    ``{"score_rounds": 2, "selector": {"ucb_c": 0.1}}``."""
     kubernetes: KubernetesDiscoveryConfig | None = None
     """Find drafter and verifier replicas through the Kubernetes API (instead of the static
     addresses above)."""
@@ -142,7 +145,7 @@ def _policy(cfg: RouterConfig, store) -> Policy:
         return FixedPolicy(cfg.default_drafter, cfg.default_k)
     from ..policy.cost_model import CostModel
     from ..policy.goodput import ControllerConfig
-    from ..policy.learned import LearnedPolicy, LearnedPolicyConfig
+    from ..policy.learned import LearnedPolicy, learned_config
 
     cost = None
     if cfg.cost_model and Path(cfg.cost_model).exists():
@@ -156,8 +159,8 @@ def _policy(cfg: RouterConfig, store) -> Policy:
         log.warning("no cost model (%s): k comes from the batch-size table; run `spin profile`",
                     cfg.cost_model)
     pipelined = cfg.scheduler.micro_batches > 1  # step time = max(draft, verify), not the sum
-    return LearnedPolicy(LearnedPolicyConfig(controller=ControllerConfig(pipelined=pipelined)),
-                         cost=cost, population=store.population)
+    cfg_ = learned_config(cfg.policy_config, controller=ControllerConfig(pipelined=pipelined))
+    return LearnedPolicy(cfg_, cost=cost, population=store.population)
 
 
 async def _wait_for_verifier(verifier: ReplicaPool):

@@ -1,0 +1,80 @@
+"""``spin bench ab``: two learned-policy settings side by side, request by request.
+
+Tuning the policy means comparing settings whose effect (a few percent) is smaller than a shared
+machine's drift between runs (easily 1.5x). So both settings run at once, as two ``spin serve``
+deployments, and every request of the mixed workload goes to A, then to B, then (as a reference)
+to prompt lookup at k = 4 on A, for ``rounds`` passes: each pair sees the same moment's machine.
+Before that, each deployment serves the workload once per drafter (k = 4), so both start from the
+same kind of population statistics, as in ``spin bench policy``. The report: per request the
+median end-to-end seconds of each, and the totals' ratios (B / A < 1: B is faster). Running A
+against itself measures the noise floor.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from loadgen.workload import build_workload
+
+from ..serve import Embedded, ServeConfig
+from ..zoo.specs import BUILD_DIR, FAMILY_DIR
+from .policy import PolicyBenchConfig, _run
+
+
+@dataclass
+class ABConfig:
+    """What the A/B comparison runs."""
+
+    a: str = "{}"
+    """Setting A: JSON overrides of the learned policy (``spin router --policy-config``)."""
+    b: str = "{}"
+    """Setting B, the same way."""
+    rounds: int = 3
+    """Passes over the workload (per-request medians)."""
+    requests: int = 9
+    """Requests of the mixed workload (code, prose, structured)."""
+    new_tokens: int = 64
+    family_dir: Path = FAMILY_DIR
+    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
+
+
+def run_ab(cfg: ABConfig) -> dict:
+    bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
+                              cost_model=cfg.cost_model)
+    workload = build_workload(cfg.requests, seed=0, family_dir=cfg.family_dir)
+
+    def deployment(overrides: str) -> Embedded:
+        return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, policy="learned",
+                                    log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-ab-")),
+                                    cost_model=cfg.cost_model, policy_config=overrides))
+
+    times: dict[str, list[list[float]]] = {"a": [[] for _ in workload], "b": [[] for _ in workload],
+                                           "prompt_lookup": [[] for _ in workload]}
+    with deployment(cfg.a) as ea, deployment(cfg.b) as eb:
+        drafters = [c.role.removeprefix("drafter-") for c in ea.children
+                    if c.role.startswith("drafter-")] + ["prompt-lookup"]
+        for emb, name in ((ea, "A"), (eb, "B")):
+            for d in drafters:  # population statistics, as in `spin bench policy`
+                _run(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}")
+        runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, "prompt-lookup", 4))
+        with tqdm(total=cfg.rounds * len(workload), desc="A/B pairs", unit="req") as bar:
+            for _ in range(cfg.rounds):
+                for i, w in enumerate(workload):
+                    for key, emb, spec, k in runs:
+                        (res,), _ = _run(emb.endpoint, [w], spec, k, bench, key, progress=False)
+                        times[key][i].append(res.e2e_s)
+                    bar.update()
+    median = {key: [statistics.median(x) for x in per] for key, per in times.items()}
+    total = {key: sum(v) for key, v in median.items()}
+    return {"a": json.loads(cfg.a), "b": json.loads(cfg.b), "rounds": cfg.rounds,
+            "requests": [{"domain": w.domain, **{k: median[k][i] for k in median}}
+                         for i, w in enumerate(workload)],
+            "total_s": total, "b_over_a": total["b"] / total["a"],
+            "prompt_lookup_over_a": total["prompt_lookup"] / total["a"],
+            "prompt_lookup_over_b": total["prompt_lookup"] / total["b"]}

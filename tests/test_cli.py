@@ -59,6 +59,8 @@ def test_router_and_serve_reject_a_bad_policy_config() -> None:
     assert r.returncode == 2 and "unknown selector setting(s) ['ucb']" in r.stderr
     r = run(*base, "--policy-config", '{"selector": {"algorithm": "exp3"}}')
     assert r.returncode == 2 and "unknown algorithm 'exp3'" in r.stderr
+    r = run(*base, "--policy-config", '{"controller": {"calibration": 2}}')
+    assert r.returncode == 2 and "calibration must be in [0, 1]" in r.stderr
     r = run("bench", "ab", "--b", '{"score_rounds": "two"}')
     assert r.returncode == 2 and "'score_rounds' takes int values" in r.stderr
 

@@ -40,11 +40,15 @@ class ABConfig:
     requests: int = 9
     """Requests of the mixed workload (code, prose, structured)."""
     new_tokens: int = 64
+    """Tokens generated per request (greedy)."""
     family_dir: Path = FAMILY_DIR
+    """The model family both deployments serve."""
     cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
+    """The cost model both deployments' learned policies use (measured first when missing)."""
 
 
 def run_ab(cfg: ABConfig) -> dict:
+    """Run the comparison; the report (module doc) as a dict."""
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               cost_model=cfg.cost_model)
     workload = build_workload(cfg.requests, seed=0, family_dir=cfg.family_dir)

@@ -90,6 +90,8 @@ class ControllerConfig:
             raise ValueError(f"invalid controller config {self}")
         if not 0.0 <= self.prior_acceptance <= 1.0 or self.prior_trials <= 0:
             raise ValueError(f"invalid controller config {self}")
+        if not 0.0 <= self.calibration <= 1.0:
+            raise ValueError(f"calibration must be in [0, 1], got {self.calibration}")
 
 
 @dataclass

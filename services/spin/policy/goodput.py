@@ -165,6 +165,11 @@ class AcceptanceTracker:
         self._state.pop(request_id, None)
 
 
+def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.ndarray | float:
+    """Step seconds from drafting and verification: their sum, or their max when pipelined."""
+    return np.maximum(draft, verify) if pipelined else draft + verify
+
+
 class _Batch:
     """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
 
@@ -203,8 +208,7 @@ class _Batch:
                 + act * t[..., 4] + kmax * np.log2(np.maximum(act, 1)) * t[..., 5])
 
     def combine(self, draft: np.ndarray | float, verify: float) -> np.ndarray | float:
-        step = np.maximum(draft, verify) if self.pipelined else draft + verify
-        return np.maximum(step, 1e-12)
+        return np.maximum(_step_s(draft, verify, self.pipelined), 1e-12)
 
     def step_s(self, k: np.ndarray) -> float:
         kmax, _, act, sk, skc = self.aggregates(k)
@@ -333,10 +337,8 @@ class SpecLengthController:
                 bt.verify((k + 1).sum()))
 
     def step_s(self, draft_s: dict[str, float], verify_s: float) -> float:
-        """Step seconds from its parts: drafters run concurrently, then verification (or both at
-        once when pipelined)."""
-        draft = max(draft_s.values(), default=0.0)
-        return max(draft, verify_s) if self.cfg.pipelined else draft + verify_s
+        """Step seconds from its parts (the drafters' calls run concurrently)."""
+        return float(_step_s(max(draft_s.values(), default=0.0), verify_s, self.cfg.pipelined))
 
     def predicted_step_s(self, batch: list[tuple[str, str | None, int]], ks: list[int]) -> float:
         """Predicted seconds of one step running ``ks`` (NaN without a cost model)."""

@@ -213,16 +213,15 @@ class Scheduler:
         metrics.STEP_SECONDS.observe(step_s)
         metrics.STEP_DRAFT_SECONDS.observe(t1 - t0)
         metrics.STEP_VERIFY_SECONDS.observe(t2 - t1)
-        metrics.RPC_OVERHEAD_SECONDS.observe(
-            max(0.0, step_s - max(draft_s.values(), default=0.0) - resp.verify_seconds))
+        drafting_s = max(draft_s.values(), default=0.0)  # the drafters run concurrently
+        metrics.RPC_OVERHEAD_SECONDS.observe(max(0.0, step_s - drafting_s - resp.verify_seconds))
         metrics.BATCH_SIZE.observe(len(reqs))
         if prediction is not None and prediction.step_s > 0:  # round trips included
             metrics.STEP_PREDICTED_SECONDS.observe(prediction.step_s)
             metrics.STEP_PREDICTION_ERROR.observe(
                 abs(prediction.step_s - step_s) / max(step_s, 1e-9))
             # the verification's share: the whole step but the drafters' calls (router work too)
-            self.policy.observe_step(prediction, draft_s,
-                                     step_s - max(draft_s.values(), default=0.0))
+            self.policy.observe_step(prediction, draft_s, step_s - drafting_s)
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()

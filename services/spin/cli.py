@@ -319,6 +319,27 @@ def _bench_policy(args: argparse.Namespace) -> int:
     return 0 if r["lossless_mismatches"] == 0 else 1
 
 
+def _bench_fit(args: argparse.Namespace) -> int:
+    from .bench.fit import FitBenchConfig, run_fit_bench
+
+    r = run_fit_bench(FitBenchConfig(family_dir=args.family_dir, prompts=args.prompts,
+                                     new_tokens=args.new_tokens))
+    print(f"{r['prompts']} held-out prompts; which drafter has the best acceptance on the "
+          f"target's output, picked by:")
+    for signal, v in r["signals"].items():
+        print(f"  {signal:13s} {v['hits']:4d} hits, mean acceptance lost "
+              f"{v['mean_acceptance_lost']:.3f}")
+    print("acceptance (greedy agreement with the target's output): all requests | requests the "
+          "drafter fits best by prompt")
+    for name, v in r["acceptance"].items():
+        fit = "-" if v["best_fit"] is None else f"{v['best_fit']:.2f}"
+        print(f"  {name:18s} {v['all']:.2f} | {fit} ({v['best_fit_requests']} requests)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _bench_ab(args: argparse.Namespace) -> int:
     from .bench.ab import ABConfig, run_ab
 
@@ -504,6 +525,15 @@ def parser() -> argparse.ArgumentParser:
     bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
     bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bp.set_defaults(func=_bench_policy)
+
+    bf = bsub.add_parser("fit", help="how well prompt agreement picks the drafter that fits a "
+                         "request (the learned policy's prompt fit)")
+    bf.add_argument("--prompts", type=_positive(int), default=0,
+                    help="held-out prompts, spread over the domains (default: all)")
+    bf.add_argument("--new-tokens", type=_positive(int), default=64)
+    bf.add_argument("--json", help="write the report as JSON to this file")
+    bf.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bf.set_defaults(func=_bench_fit)
 
     ab = bsub.add_parser("ab", help="two learned-policy settings side by side, request by request")
     ab.add_argument("--a", default="{}", help="setting A: JSON overrides (like --policy-config)")

@@ -101,7 +101,8 @@ def _generated(rid: str, generated: int) -> RequestView:
 def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 200),
            PROMPT_LOOKUP: _stats(100, 60)}
-    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    policy = LearnedPolicy(learned_config({"prompt_fit": False}), cost=_cost(),
+                           population=lambda: pop)
     try:
         (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
         assert c.drafter == "draft-code" and c.score == ()  # the population's best, no scores yet
@@ -119,14 +120,55 @@ def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
         policy.close()
 
 
+def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() -> None:
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    try:
+        (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+        # first step: prompt lookup drafts while every model drafter scores the prompt
+        assert c.drafter in (PROMPT_LOOKUP, None) and set(c.score) == DRAFTERS - {PROMPT_LOOKUP}
+        policy.observe_score("p", "draft-prose", 60, 128)
+        policy.observe_score("p", "draft-code", 20, 128)
+        policy.observe("p", c, 0, 0.0, 0.080)  # the target's prefill: no reward for anyone
+        assert policy.selector.snapshot("p")[PROMPT_LOOKUP][1] == 0
+        assert policy.fit.best("p") == "draft-prose"
+        used = set()
+        for g in range(1, 30):  # the population prefers draft-code; it is never a candidate
+            (c,) = policy.choose([_generated("p", g)], DRAFTERS)
+            assert c.drafter in ("draft-prose", PROMPT_LOOKUP, None)
+            assert set(c.score) <= {"draft-prose", PROMPT_LOOKUP}
+            for name in set(c.score) - {c.drafter}:  # draft-prose predicts every output token
+                policy.observe_score("p", name, 4 if name == "draft-prose" else 0, 4)
+            prose = c.drafter == "draft-prose"
+            policy.observe("p", c, c.k if prose else 0, 0.004 if prose else 0.0, 0.011)
+            used.add(c.drafter)
+        assert "draft-prose" in used
+        assert policy.fit.acceptance("draft-prose") == 1.0
+        policy.release("p")
+        # the next request that fits draft-prose starts from how draft-prose did on p, not from
+        # its poor population rate
+        policy.choose([_generated("q", 0)], DRAFTERS)
+        policy.observe_score("q", "draft-prose", 50, 128)
+        policy.observe_score("q", "draft-code", 30, 128)
+        assert policy.controller.tracker.get("q", "draft-prose") < 0.5
+        (c,) = policy.choose([_generated("q", 1)], DRAFTERS)
+        assert policy.controller.tracker.get("q", "draft-prose") > 0.7
+        assert c.drafter == "draft-prose"
+    finally:
+        policy.close()
+
+
 def test_scoring_rounds_are_spaced_and_bounded() -> None:
     policy = LearnedPolicy(cost=_cost())
+    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 10}), cost=_cost())
     asked = [g for g in range(40) if policy.choose([_generated("r", g)], DRAFTERS)[0].score]
-    n, every = policy.cfg.score_rounds, policy.cfg.score_after
-    assert asked == [every * (i + 1) for i in range(n)]
+    assert asked == [0, 4, 14, 24]  # the prompt's prefill, then rounds after 4 and every 10
     assert not policy.choose([_generated("r", 99)], DRAFTERS)[0].score
     policy.release("r")
     assert policy.choose([_generated("r", 50)], DRAFTERS)[0].score  # a new request is scored
+    short = RequestView("s", 10, 0, policy.cfg.score_after, True)  # ends before a round
+    assert policy.choose([short], DRAFTERS)[0].score == ()
 
 
 def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
@@ -140,18 +182,21 @@ def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
     assert n == before[1] + 1 and mean < before[0]  # one token in 11 ms: a worse reward
 
 
-def test_served_steps_calibrate_the_cost_model_except_scoring_drafters() -> None:
+def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_scoring() -> None:
     policy = LearnedPolicy(cost=_cost())
-    verify0, code0 = policy.controller.cost.verify[0], policy.controller.cost.draft["draft-code"][0]
-    pred = StepPrediction(0.02, {"draft-code": 0.004, "draft-prose": 0.004}, 0.016,
-                          scoring=frozenset({"draft-prose"}))
-    prose0 = policy.controller.cost.draft["draft-prose"][0]
-    # served: verify 6 ms slower, draft-code 2 ms slower, draft-prose 5 ms slower (but it scored)
-    policy.observe_step(pred, {"draft-code": 0.006, "draft-prose": 0.009}, 0.022)
     cost = policy.controller.cost
+    verify0, code0 = cost.verify[0], cost.draft["draft-code"][0]
+    pred = StepPrediction(0.02, {"draft-code": 0.004}, 0.016)
+    # served: verify 6 ms slower, draft-code 2 ms slower
+    policy.observe_step(pred, {"draft-code": 0.006}, 0.022)
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 0.1 * 0.002)
-    assert cost.draft["draft-prose"][0] == prose0
+    # draft-prose scored a request while the verifier ran: the verification is not a clean sample
+    policy.observe_step(StepPrediction(0.02, {"draft-code": 0.004}, 0.016,
+                                       scoring=frozenset({"draft-prose"})),
+                        {"draft-code": 0.006}, 0.040)
+    assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
+    assert cost.draft["draft-code"][0] == pytest.approx(code0 + 2 * 0.1 * 0.002)
 
 
 def test_learned_config_takes_json_overrides_and_names_bad_ones() -> None:

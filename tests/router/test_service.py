@@ -238,3 +238,26 @@ def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -
         assert hist['spin:batch_size_bucket{le="2.0"}'] == hist["spin:batch_size_count"]
     finally:
         router.stop(10)
+
+
+def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(serving) -> None:
+    """Code prompts draft with the code model, prose prompts with the prose model (the learned
+    policy's prompt fit), and every output equals the target decoding alone."""
+    from spin.zoo.corpus import heldout_prompts
+    from spin.zoo.specs import FAMILY_DIR
+
+    used: dict[str, dict[str, int]] = {}
+    for domain in ("code", "prose"):
+        steps: dict[str, int] = {}
+        for row in heldout_prompts(FAMILY_DIR, (domain,))[:4]:
+            ids, _, last = collect(serving.endpoint, request(row["prompt"], max_tokens=48,
+                                                             ignore_eos=True))
+            off, _, _ = collect(serving.endpoint, request(row["prompt"], max_tokens=48,
+                                                          mode="off", ignore_eos=True))
+            assert ids == off
+            for d in last.speculation.drafters:
+                if d.drafter != "prompt-lookup":
+                    steps[d.drafter] = steps.get(d.drafter, 0) + d.steps
+        used[domain] = steps
+    assert max(used["code"], key=used["code"].get) == "draft-code", used
+    assert max(used["prose"], key=used["prose"].get) == "draft-prose", used

@@ -9,7 +9,8 @@ prose and structured prompts, greedy, ``new_tokens`` each. Measured in one run:
    every configuration in turn (the machine's speed drifts; each pass sees the same drift), and
    per request the median over passes. The fixed runs go first in each pass, so the learned policy
    starts from the population statistics they left in Redis, as a router replica joining a
-   running fleet would.
+   running fleet would. Per request: the oracle's configuration, and the drafters the learned
+   policy used (its last pass).
 2. **Load sweep**: Poisson arrivals from light load to past saturation (fractions of the
    speculation-off capacity); mean and p99 end-to-end latency of auto, off and the best fixed
    configuration at each rate; a PNG plot next to the JSON.
@@ -135,12 +136,20 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
                    if name != "learned"}
         best_fixed = max((c for c in goodput if c != "off"), key=goodput.get)
         fixed = [c for c in per_request if c not in ("off", "learned")]
-        oracle_time = sum(min(per_request[c][i] for c in ["off", *fixed])
-                          for i in range(len(workload)))
+        oracle = [min(["off", *fixed], key=lambda c: per_request[c][i])
+                  for i in range(len(workload))]  # each request's best configuration
+        oracle_time = sum(per_request[c][i] for i, c in enumerate(oracle))
         report["goodput"] = {"learned": tokens / sum(per_request["learned"]),
                              "best_fixed": goodput[best_fixed], "best_fixed_config": best_fixed,
                              "oracle": tokens / oracle_time, "off": goodput["off"],
                              "by_config": goodput, "rounds": cfg.rounds}
+        report["per_request"] = [
+            {"domain": w.domain, "learned_s": per_request["learned"][i],
+             "oracle_config": oracle[i], "oracle_s": per_request[oracle[i]][i],
+             "best_fixed_s": per_request[best_fixed][i],
+             "learned_steps": r.speculation.steps,
+             "learned_drafters": {d: c.steps for d, c in r.speculation.drafters.items()}}
+            for i, (w, r) in enumerate(zip(workload, learned))]
         report["mean_latency_s"] = {"learned": statistics.mean(per_request["learned"]),
                                     "best_fixed": statistics.mean(per_request[best_fixed]),
                                     "off": statistics.mean(per_request["off"])}

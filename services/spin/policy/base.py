@@ -41,7 +41,8 @@ class StepPrediction:
     verify_s: float
     """Predicted seconds of the verification call."""
     scoring: frozenset[str] = frozenset()
-    """Drafters also scoring requests this step: their calls do work the model does not count."""
+    """Drafters scoring requests this step, during the verification: work the model does not
+    count."""
 
 
 @dataclass(frozen=True)

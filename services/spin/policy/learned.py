@@ -16,24 +16,31 @@ prompt lookup found no match) still rewards that drafter, with the one token suc
 so the bandit moves on instead of keeping a drafter that never drafts; and in that step the
 request first tries its next-best drafter (by posterior mean) through the controller once more.
 
-**Scoring.** Once a request has generated ``score_after`` tokens, every drafter it has not used
-scores them: each model drafter prefills the request's context (a prefill it reuses if chosen
-later) and counts the generated tokens that equal its greedy prediction from the tokens before
-them; prompt lookup is scored in the router. With greedy decoding a draft token is accepted
-exactly when it equals the target's token, so agreement on the target's own output *is* the
-drafter's acceptance rate on this request (no calibration, unlike agreement with the prompt,
-which is human text). Each scored position counts as one accepted or rejected draft token in
-the request's acceptance estimate for the drafter, and the drafter's bandit prior (own steps kept)
-becomes the goodput the cost model predicts at the best k for that rate. So a request
-learns which drafter fits it from one round of prefills instead of one slow exploratory step per
-drafter, which matters for requests of tens of steps.
+**Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
+the prompt instead: it prefills it (a prefill it reuses later) and counts the prompt tokens equal
+to its greedy prediction from the tokens before them. The router sends these calls during the
+verification, which is the target's prefill of the same prompt. That agreement with the user's
+text is no acceptance rate, but it ranks the drafters (``prompt_fit.py``, ``spin bench fit``), so
+from then on the request's bandit chooses between the best-fitting drafter and prompt lookup
+only, and the best-fitting drafter starts from what the drafters that fitted earlier requests
+achieved. The first step earns no bandit reward: its time is the target's prefill.
+
+**Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
+scores them the same way (prompt lookup in the router). With greedy decoding a draft token is
+accepted exactly when it equals the target's token, so agreement on the target's own output *is*
+the drafter's acceptance rate on this request. Each scored position counts as one accepted or
+rejected draft token in the request's acceptance estimate for the drafter, and the drafter's
+bandit prior (own steps kept) becomes the goodput the cost model predicts at the best k for that
+rate. Without the prompt fit every drafter scores, so a request learns which drafter fits it from
+one round of prefills instead of one slow exploratory step per drafter.
 
 **Calibration.** The cost model is fitted on bare forwards (``spin profile``); in serving a step
 also pays round trips and the services' and the router's own work. After each step the router
 reports each drafter call's seconds and the rest of the step (``observe_step``), and the
 controller moves each part's per-call constant a tenth of its error, so predicted step times (and
-the k chosen from them) follow the deployment. A drafter that also scored requests that step is
-left out (its call did work the model does not count).
+the k chosen from them) follow the deployment. Scoring calls run during the verification (the
+router sends them after drafting), so a step that scored calibrates its drafters but not its
+verification.
 
 A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
 so its acceptance estimate can recover (the controller alone would never observe it again).
@@ -42,6 +49,7 @@ so its acceptance estimate can recover (the controller alone would never observe
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -49,6 +57,7 @@ from dataclasses import dataclass, field, fields, replace
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from .cost_model import CostModel
 from .goodput import ControllerConfig, SpecLengthController, expected_tokens
+from .prompt_fit import PromptFit
 from .selector import DraftSelector, SelectorConfig, population_from_stats
 
 log = logging.getLogger(__name__)
@@ -68,13 +77,21 @@ class LearnedPolicyConfig:
     probe_every: int = 16
     """Steps at k = 0 after which a request probes once with k = 1."""
     score_after: int = 4
-    """Generated tokens after which every unused drafter scores the request's output (see the
-    module doc), and again after each further ``score_after`` tokens; 0 = never."""
+    """Generated tokens after which every unused candidate scores the request's output (see the
+    module doc); 0 = never (and no prompt fit)."""
+    score_every: int = 0
+    """Generated tokens between later scoring rounds (0 = ``score_after``)."""
     score_rounds: int = 1
-    """Scoring rounds per request at most (each adds the new tokens to the counts; a round blocks
-    its step on every drafter's prefill). One is no worse than more: ``spin bench ab --a
-    '{"score_rounds": 4}' --b '{}'`` measured B / A = 0.987 (its noise floor is about 2%); 0.944
-    before the cost model's online calibration."""
+    """Scoring rounds per request at most (each adds the new tokens to the counts). One was no
+    worse than more when every drafter scored and a round held up its step: ``spin bench ab --a
+    '{"score_rounds": 4}' --b '{}'`` measured B / A = 0.987 (its noise floor is about 2%)."""
+    prompt_fit: bool = True
+    """At a request's first step (prompt lookup drafts) every model drafter scores the prompt
+    while the target prefills it (the router sends scoring calls during the verification); the
+    request's candidates then narrow to the best-fitting drafter and prompt lookup, the former
+    seeded from earlier best-fit requests (``prompt_fit.py``)."""
+    fit_trials: float = 8.0
+    """Weight, in draft tokens, of that seed in the request's acceptance estimate."""
     score_trials: float = 4.0
     """Weight, in steps, of the bandit prior predicted from a drafter's agreement (the agreement
     itself adds one accepted or rejected draft token per scored position to the acceptance
@@ -138,6 +155,12 @@ class LearnedPolicy:
         """request id -> drafter -> [matches, positions] summed over rounds"""
         self._ctx: dict[str, int] = {}
         """request id -> context length at its last step"""
+        self.fit = PromptFit()
+        """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
+        self._fitted: set[str] = set()
+        """Requests whose best-fitting drafter has been seeded."""
+        self._prefill: set[str] = set()
+        """Requests whose step being verified prefills the target (no bandit reward)."""
         self.last_prediction: StepPrediction | None = None
         """The cost model's account of the step last chosen (None without a cost model or when
         no request is in mode auto); read it right after ``choose``."""
@@ -173,7 +196,7 @@ class LearnedPolicy:
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
-                drafters.append(self.selector.choose(r.request_id, available))
+                drafters.append(self.selector.choose(r.request_id, self._candidates(r, available)))
                 self._chosen[r.request_id] = drafters[-1]
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
@@ -190,11 +213,17 @@ class LearnedPolicy:
             self._idle[r.request_id] = 0 if k > 0 else self._idle.get(r.request_id, 0) + 1
             score: tuple[str, ...] = ()
             rounds = self._scored.get(r.request_id, 0)
-            if (self.cfg.score_after and r.mode == "auto" and rounds < self.cfg.score_rounds
-                    and r.generated >= (rounds + 1) * self.cfg.score_after):
+            if not self.cfg.score_after or r.mode != "auto":
+                pass
+            elif r.generated == 0 and self.cfg.prompt_fit and r.remaining > self.cfg.score_after:
+                score = tuple(sorted(available - {PROMPT_LOOKUP}))  # the prompt, not a round
+            elif (rounds < self.cfg.score_rounds and r.generated >= self.cfg.score_after
+                  + rounds * (self.cfg.score_every or self.cfg.score_after)):
                 self._scored[r.request_id] = rounds + 1
-                score = tuple(sorted(available))
+                score = tuple(sorted(self._candidates(r, available)))
             self._ctx[r.request_id] = r.context_len
+            if r.generated == 0:
+                self._prefill.add(r.request_id)
             out.append(StepChoice(d, k, score=score) if d is not None and k > 0
                        else StepChoice(None, score=score))
         self.last_prediction = None
@@ -205,6 +234,25 @@ class LearnedPolicy:
                 frozenset(n for c in out for n in c.score))
         return out
 
+    def _candidates(self, r: RequestView, available: set[str]) -> set[str]:
+        """The drafters the request's bandit chooses from: prompt lookup while the model drafters
+        score the prompt, then the best-fitting one and prompt lookup (``prompt_fit.py``)."""
+        if not (self.cfg.prompt_fit and self.cfg.score_after):
+            return available
+        if r.generated == 0 and PROMPT_LOOKUP in available:
+            return {PROMPT_LOOKUP}
+        best = self.fit.best(r.request_id)
+        if best is None or best not in available:
+            return available
+        if r.request_id not in self._fitted:  # seed it from the earlier best-fit requests
+            self._fitted.add(r.request_id)
+            rate = self.fit.acceptance(best)
+            if rate is not None:
+                w = self.cfg.fit_trials
+                self.controller.tracker.add_evidence(r.request_id, best, rate * w, (1 - rate) * w)
+                self._prior_from_rate(r.request_id, best, rate, r.context_len)
+        return {best} | (available & {PROMPT_LOOKUP})
+
     def _fallback(self, requests: list[RequestView], drafters: list[str | None],
                   batch: list[tuple[str, str | None, int]], ks: list[int],
                   available: set[str]) -> list[int]:
@@ -213,11 +261,13 @@ class LearnedPolicy:
         swapped = list(drafters)
         for i, r in enumerate(requests):
             if (r.mode != "auto" or ks[i] > 0 or drafters[i] is None
-                    or (self.cfg.score_after and r.request_id not in self._scored)):
-                continue  # before its first scores a request's next-best is a blind guess
+                    or (self.cfg.score_after and r.request_id not in self._scored
+                        and r.request_id not in self._fitted)):
+                continue  # before its prompt fit or scores a request's next-best is a guess
+            cands = self._candidates(r, available)
             ranked = sorted(((mean, name) for name, (mean, _) in
                              self.selector.snapshot(r.request_id).items()
-                             if name in available and name != drafters[i]), reverse=True)
+                             if name in cands and name != drafters[i]), reverse=True)
             if ranked:
                 swapped[i] = ranked[0][1]
         if swapped == drafters:
@@ -234,6 +284,11 @@ class LearnedPolicy:
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
         chosen = self._chosen.pop(request_id, None)
+        if request_id in self._prefill:  # the target's prefill makes it no drafter's measure
+            self._prefill.discard(request_id)
+            if choice.drafter is not None:
+                self.controller.observe(request_id, choice.drafter, choice.k, accepted)
+            return
         if choice.drafter is None:
             if chosen is not None:  # the bandit's pick gave a plain step: one token
                 self.selector.update(request_id, chosen, 1, draft_s + verify_s)
@@ -241,18 +296,28 @@ class LearnedPolicy:
         seconds = draft_s + verify_s + self.selector.switch_cost_s(request_id, choice.drafter)
         self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
         self.controller.observe(request_id, choice.drafter, choice.k, accepted)
+        self.fit.record(request_id, choice.drafter, accepted, float(accepted < choice.k))
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """Seed the request's acceptance estimate and bandit prior of ``drafter`` from its
-        agreement with the request's own output (module doc)."""
-        if positions <= 0 or request_id not in self._scored:
+        agreement with the request's own output (module doc); before there is output, the score
+        is of the prompt (``prompt_fit.py``)."""
+        if positions <= 0:
             return
+        if request_id not in self._scored:
+            self.fit.observe_prompt(request_id, drafter, matches, positions)
+            return
+        self.fit.record(request_id, drafter, matches, positions - matches)
         self.controller.tracker.add_evidence(request_id, drafter, matches, positions - matches)
         total = self._agreement.setdefault(request_id, {}).setdefault(drafter, [0, 0])
         total[0] += matches
         total[1] += positions
-        rate = (total[0] + 0.5) / (total[1] + 1.0)
-        ctx = self._ctx.get(request_id, 0)
+        self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
+                              self._ctx.get(request_id, 0))
+
+    def _prior_from_rate(self, request_id: str, drafter: str, rate: float, ctx: int) -> None:
+        """The request's bandit prior of ``drafter``: the goodput the cost model predicts at the
+        best k for acceptance ``rate``, worth ``score_trials`` steps."""
         best = 0.0
         for k in range(1, self.controller.cfg.k_max + 1):
             step_s = self.controller.predicted_step_s([(request_id, drafter, ctx)], [k])
@@ -266,14 +331,19 @@ class LearnedPolicy:
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
                      verify_s: float) -> None:
-        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); a
-        drafter that also scored requests did more than the model counts and is left out."""
-        drafts = {n: t for n, t in prediction.draft_s.items() if n not in prediction.scoring}
-        self.controller.calibrate(drafts, prediction.verify_s, draft_s, verify_s)
+        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); the
+        verification is left out when drafters scored requests meanwhile (it shared the machine
+        with work the model does not count)."""
+        self.controller.calibrate(prediction.draft_s,
+                                  math.nan if prediction.scoring else prediction.verify_s,
+                                  draft_s, verify_s)
 
     def release(self, request_id: str) -> None:
         self._scored.pop(request_id, None)
         self._agreement.pop(request_id, None)
+        self._fitted.discard(request_id)
+        self._prefill.discard(request_id)
+        self.fit.release(request_id)
         self._ctx.pop(request_id, None)
         self.selector.release(request_id)
         self.controller.release(request_id)

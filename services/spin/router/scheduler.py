@@ -30,6 +30,8 @@ from .requests import DrafterTally, RouterRequest, TextStream
 
 log = logging.getLogger(__name__)
 VERIFIER = "verifier"
+PROMPT_SCORE_POSITIONS = 512
+"""Prompt positions (its tail) a drafter scores at a request's first step."""
 
 
 @dataclass
@@ -184,8 +186,10 @@ class Scheduler:
         choices = self.policy.choose(views, available)
         prediction = getattr(self.policy, "last_prediction", None)  # this lane's, read at once
         tracing.start_steps(reqs, choices)  # no-op unless tracing is on
-        trees, draft_s = await self._draft(reqs, choices)
+        trees, draft_s, scoring = await self._draft(reqs, choices)
         t1 = time.perf_counter()
+        # scoring calls do not feed this step's trees: they run while the verifier works
+        scored = asyncio.gather(*(self._draft_one(n, g) for n, g in scoring.items()))
         tasks = []
         for r in reqs:
             keep = self.verifier.route(r.request_id, r.synced.get(VERIFIER, 0))
@@ -197,13 +201,15 @@ class Scheduler:
         try:
             resp = await self.verifier.call(verifier_pb2.VerifyRequest(tasks=tasks, release=release),
                                             self.cfg.verify_timeout_s)
+            t2 = time.perf_counter()  # the verification alone: scoring calls may still run
         except ServiceDown as e:
             self._release[VERIFIER] |= release
             self._verifier_outage(reqs, str(e))
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
             return
+        finally:
+            await scored  # within the step: a request's release never overtakes its scoring
         self._verifier_down_since = None
-        t2 = time.perf_counter()
         for r, choice, res in zip(reqs, choices, resp.results):
             tree = trees.get(r.request_id)
             # the step's wall time (round trips included) is what the request waited: goodput
@@ -233,11 +239,14 @@ class Scheduler:
                 self._fail(r, grpc.StatusCode.UNAVAILABLE, f"verifier unreachable: {error}")
 
     async def _draft(self, reqs: list[RouterRequest], choices: list[StepChoice],
-                     ) -> tuple[dict[str, token_tree_pb2.TokenTree], dict[str, float]]:
-        """Trees per request id (only for requests that got one) and draft seconds per drafter."""
+                     ) -> tuple[dict[str, token_tree_pb2.TokenTree], dict[str, float],
+                                dict[str, list[tuple[RouterRequest, StepChoice]]]]:
+        """Trees per request id (only for requests that got one), draft seconds per drafter, and
+        the scoring tasks per model drafter (for the caller to send while verifying)."""
         trees: dict[str, token_tree_pb2.TokenTree] = {}
         seconds: dict[str, float] = {}
         groups: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
+        scoring: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
         for r, c in zip(reqs, choices):
             for name in c.score:  # the policy's probe of how well each drafter predicts r
                 if name == c.drafter:
@@ -248,7 +257,7 @@ class Scheduler:
                     self.policy.observe_score(r.request_id, name,
                                               *prompt_lookup_score(r.context, start))
                 elif name in self.drafters and self.drafters[name].available:
-                    groups[name].append((r, StepChoice(name, 0, score=(name,))))
+                    scoring[name].append((r, StepChoice(name, 0, score=(name,))))
             if c.drafter is None or c.k <= 0:
                 continue
             if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
@@ -265,7 +274,7 @@ class Scheduler:
         for name, (got, secs) in zip(names, results):
             trees.update(got)
             seconds[name] = secs
-        return trees, seconds
+        return trees, seconds, scoring
 
     async def _draft_one(self, name: str, group: list[tuple[RouterRequest, StepChoice]],
                          ) -> tuple[dict[str, token_tree_pb2.TokenTree], float]:
@@ -278,7 +287,7 @@ class Scheduler:
                                                sampling=sampling_to_proto(r.sampling),
                                                traceparent=r.traceparent, tracestate=r.tracestate,
                                                score=bool(c.score),
-                                               score_from=len(r.prompt) if c.score else 0))
+                                               score_from=_score_from(r) if c.score else 0))
             r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
@@ -396,6 +405,12 @@ class Scheduler:
             self._finish(r)
         else:
             r.out.put_nowait(msg)
+
+
+def _score_from(r: RouterRequest) -> int:
+    """First context position a drafter scores: the output, or the prompt before there is any
+    (how well a drafter predicts the prompt ranks the drafters' fit to the request)."""
+    return len(r.prompt) if r.generated else max(1, len(r.prompt) - PROMPT_SCORE_POSITIONS)
 
 
 def _chain(tokens: list[int]) -> token_tree_pb2.TokenTree:

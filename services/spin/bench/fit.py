@@ -1,0 +1,106 @@
+"""``spin bench fit``: how well cheap signals pick the draft model that fits a request.
+
+For each held-out prompt of the family: the target's greedy output (``new_tokens``), and for every
+draft model its greedy agreement (the fraction of tokens it predicts from the tokens before them)
+on the target's output (what its acceptance rate is, with greedy decoding), on the prompt's last
+``prompt_positions`` tokens (the learned policy's prompt fit, ``policy/prompt_fit.py``), and on the
+first ``early_positions`` output tokens (what scoring the output after a few steps sees). Reported:
+how often each signal's best drafter is the output's best ("hits"), the mean acceptance lost by
+following it, and each drafter's mean acceptance over all requests vs over those it fits best
+(by prompt): the population prior vs the prompt-fit seed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..zoo.corpus import heldout_prompts
+from ..zoo.report import family_members
+from ..zoo.specs import FAMILY_DIR
+
+SIGNALS = ("prompt", "early_output")
+
+
+@dataclass
+class FitBenchConfig:
+    """What the prompt-fit benchmark measures."""
+
+    family_dir: Path = FAMILY_DIR
+    prompts: int = 0
+    """Held-out prompts to use, spread over the domains (0 = all)."""
+    new_tokens: int = 64
+    """Greedy output tokens of the target per prompt."""
+    prompt_positions: int = 512
+    """Prompt tail scored (as the router scores it at a request's first step)."""
+    early_positions: int = 5
+    """Output tokens the early-output signal sees."""
+    threads: int = 2
+    """Torch threads."""
+
+
+def _agreement(logits: torch.Tensor, ids: torch.Tensor, lo: int, hi: int) -> float:
+    """Fraction of ids[lo:hi] equal to the argmax of the logits row before each."""
+    # logits: [L, V], ids: [L]
+    if hi <= lo:
+        return 0.0
+    return (logits[lo - 1:hi - 1].argmax(-1) == ids[lo:hi]).float().mean().item()
+
+
+@torch.inference_mode()
+def run_fit_bench(cfg: FitBenchConfig) -> dict:
+    torch.set_num_threads(cfg.threads)
+    tok = AutoTokenizer.from_pretrained(cfg.family_dir / "target")
+    target = AutoModelForCausalLM.from_pretrained(cfg.family_dir / "target").eval()
+    names = family_members(cfg.family_dir)
+    if len(names) < 2:
+        raise ValueError(f"{cfg.family_dir} has {len(names)} draft models: nothing to rank")
+    drafters = {n: AutoModelForCausalLM.from_pretrained(cfg.family_dir / n).eval() for n in names}
+    rows = heldout_prompts(cfg.family_dir)
+    if cfg.prompts:
+        step = max(1, len(rows) // cfg.prompts)
+        rows = rows[::step][:cfg.prompts]
+    per_request = []
+    for row in tqdm(rows, desc="prompts", unit="prompt"):
+        ids = tok(row["prompt"], return_tensors="pt").input_ids                   # [1, P]
+        p = ids.shape[1]
+        full = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=cfg.new_tokens, pad_token_id=tok.eos_token_id)[0]
+        n = full.shape[0]
+        rec: dict = {"domain": row["domain"], "prompt_tokens": p, "drafters": {}}
+        for name, model in drafters.items():
+            logits = model(full[None]).logits[0]                                   # [n, V]
+            rec["drafters"][name] = {
+                "output": _agreement(logits, full, p, n),
+                "prompt": _agreement(logits, full, max(1, p - cfg.prompt_positions), p),
+                "early_output": _agreement(logits, full, p, min(n, p + cfg.early_positions))}
+        per_request.append(rec)
+    return summarize(per_request, names)
+
+
+def summarize(per_request: list[dict], names: list[str]) -> dict:
+    """Hits and acceptance lost per signal, and acceptance over all vs best-fit requests."""
+    report: dict = {"prompts": len(per_request), "signals": {}, "acceptance": {}}
+    for signal in SIGNALS:
+        hits, lost = 0, []
+        for rec in per_request:
+            d = rec["drafters"]
+            best = max(names, key=lambda n: d[n]["output"])
+            pick = max(names, key=lambda n: d[n][signal])
+            hits += best == pick
+            lost.append(d[best]["output"] - d[pick]["output"])
+        report["signals"][signal] = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    for name in names:
+        fitted = [rec["drafters"][name]["output"] for rec in per_request
+                  if max(names, key=lambda n: rec["drafters"][n]["prompt"]) == name]
+        report["acceptance"][name] = {
+            "all": statistics.mean(rec["drafters"][name]["output"] for rec in per_request),
+            "best_fit": statistics.mean(fitted) if fitted else None,
+            "best_fit_requests": len(fitted)}
+    report["per_request"] = per_request
+    return report

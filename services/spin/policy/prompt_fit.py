@@ -1,0 +1,65 @@
+"""Which draft model fits a request, from how well each predicts its prompt.
+
+At a request's first step every model drafter prefills the prompt anyway (to draft or score it
+later); counting how many prompt tokens each predicts (greedy, from the tokens before them) costs
+nothing more. That agreement is not the drafter's acceptance rate on the output (the prompt is the
+user's text, not the target's), but it *ranks* the drafters well. ``spin bench fit`` on the demo
+family's 144 held-out prompts: the drafter that predicts the prompt best was the best on the
+target's output (64 tokens) for 115 of them (mean acceptance lost to the best: 0.028), against 72
+(0.128) for agreement on the first 5 output tokens, which is what scoring the output early sees.
+
+So a request's candidates narrow to its best-fitting model drafter plus prompt lookup, and that
+drafter starts from what the drafters that fitted *earlier* requests achieved (``acceptance``:
+accepted and rejected draft tokens of their steps and output scores, in this router), not from
+its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the code, prose and
+structured drafters on the requests they fit best, against 0.60, 0.53 and 0.31 on all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PromptFit:
+    """Per request: the model drafters' prompt agreement; per drafter: how its fitted requests
+    went. Not thread-safe (the router's scheduler calls the policy from one event loop)."""
+
+    min_trials: float = 8.0
+    """Draft tokens of fitted requests before ``acceptance`` answers (else None)."""
+    min_margin: float = 0.0
+    """Agreement by which the best drafter must beat the second to narrow the candidates."""
+    _agreement: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)
+    """request id -> drafter -> (matches, positions) on the prompt"""
+    _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    """drafter -> [accepted, rejected] draft tokens while it was a request's best fit"""
+
+    def observe_prompt(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+        """``drafter`` predicted ``matches`` of the request's last ``positions`` prompt tokens."""
+        if positions > 0:
+            self._agreement.setdefault(request_id, {})[drafter] = (matches, positions)
+
+    def best(self, request_id: str) -> str | None:
+        """The request's best-fitting model drafter, once two or more have scored its prompt and
+        the best leads by ``min_margin``; else None."""
+        scores = sorted(((m / p, name) for name, (m, p) in
+                         self._agreement.get(request_id, {}).items()), reverse=True)
+        if len(scores) < 2 or scores[0][0] - scores[1][0] < self.min_margin:
+            return None
+        return scores[0][1]
+
+    def record(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
+        """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted
+        for the drafter when it is the request's best fit."""
+        if drafter == self.best(request_id):
+            t = self._trials.setdefault(drafter, [0.0, 0.0])
+            t[0] += max(0.0, accepted)
+            t[1] += max(0.0, rejected)
+
+    def acceptance(self, drafter: str) -> float | None:
+        """Acceptance rate of ``drafter`` on the requests it fitted best (None: too few yet)."""
+        s, f = self._trials.get(drafter, (0.0, 0.0))
+        return s / (s + f) if s + f >= self.min_trials else None
+
+    def release(self, request_id: str) -> None:
+        self._agreement.pop(request_id, None)

@@ -1,0 +1,36 @@
+"""``spin bench fit``: the signals' hits and the best-fit acceptance, on made-up and real data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spin.bench.fit import FitBenchConfig, run_fit_bench, summarize
+
+
+def _rec(**drafters: tuple[float, float, float]) -> dict:
+    return {"domain": "x", "drafters": {n: {"output": o, "prompt": p, "early_output": e}
+                                        for n, (o, p, e) in drafters.items()}}
+
+
+def test_summary_counts_hits_losses_and_best_fit_acceptance() -> None:
+    # (output, prompt, early output) agreement per drafter
+    recs = [_rec(a=(0.9, 0.5, 0.2), b=(0.4, 0.1, 0.6)),  # prompt right, early output wrong
+            _rec(a=(0.3, 0.2, 0.8), b=(0.8, 0.4, 0.1))]  # prompt right, early output wrong
+    r = summarize(recs, ["a", "b"])
+    assert r["signals"]["prompt"] == {"hits": 2, "mean_acceptance_lost": 0.0}
+    assert r["signals"]["early_output"]["hits"] == 0
+    assert r["signals"]["early_output"]["mean_acceptance_lost"] == pytest.approx(0.5)
+    assert r["acceptance"]["a"] == {"all": pytest.approx(0.6), "best_fit": 0.9,
+                                    "best_fit_requests": 1}
+
+
+def test_fit_bench_on_the_demo_family(family_dir: Path) -> None:
+    r = run_fit_bench(FitBenchConfig(family_dir=family_dir, prompts=3, new_tokens=12))
+    assert r["prompts"] == 3 and len(r["per_request"]) == 3
+    assert sum(v["best_fit_requests"] for v in r["acceptance"].values()) == 3
+    for rec in r["per_request"]:
+        for v in rec["drafters"].values():
+            assert all(0.0 <= v[s] <= 1.0 for s in ("output", "prompt", "early_output"))
+    assert all(0 <= s["hits"] <= 3 for s in r["signals"].values())

@@ -132,7 +132,7 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         policy.observe_score("p", "draft-code", 20, 128)
         policy.observe("p", c, 0, 0.0, 0.080)  # the target's prefill: no reward for anyone
         assert policy.selector.snapshot("p")[PROMPT_LOOKUP][1] == 0
-        assert policy.fit.best("p") == "draft-prose"
+        assert policy.fit.fitting("p") == ("draft-prose",)
         used = set()
         for g in range(1, 30):  # the population prefers draft-code; it is never a candidate
             (c,) = policy.choose([_generated("p", g)], DRAFTERS)
@@ -203,7 +203,7 @@ def test_learned_config_takes_json_overrides_and_names_bad_ones() -> None:
     cfg = learned_config({"score_rounds": 2, "score_trials": 3, "selector": {"ucb_c": 0.1},
                           "controller": {"k_max": 6}}, fallback=False)
     assert (cfg.score_rounds, cfg.score_trials, cfg.fallback) == (2, 3, False)
-    assert cfg.selector.ucb_c == 0.1 and cfg.selector.prior_strength == 8.0  # the rest kept
+    assert cfg.selector.ucb_c == 0.1 and cfg.selector.prior_strength == 3.0  # the rest kept
     assert cfg.controller.k_max == 6 and cfg.controller.margin == 0.10
     for bad, match in (({"nope": 1}, "unknown learned-policy setting 'nope'"),
                        ({"selector": {"x": 1}}, r"unknown selector setting\(s\) \['x'\]"),

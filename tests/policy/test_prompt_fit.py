@@ -5,18 +5,20 @@ from __future__ import annotations
 from spin.policy.prompt_fit import PromptFit
 
 
-def test_the_best_fit_needs_two_scores_and_the_margin() -> None:
-    fit = PromptFit(min_margin=0.1)
+def test_the_fitting_drafters_need_two_scores_and_take_those_within_the_margin() -> None:
+    fit = PromptFit(margin=0.1)
     fit.observe_prompt("r", "draft-code", 30, 100)
-    assert fit.best("r") is None  # one drafter: nothing to rank
+    assert fit.fitting("r") == ()  # one drafter: nothing to rank
     fit.observe_prompt("r", "draft-prose", 35, 100)
-    assert fit.best("r") is None  # 0.35 vs 0.30: within the margin
+    assert fit.fitting("r") == ("draft-prose", "draft-code")  # 0.30 is within 0.1 of 0.35
     fit.observe_prompt("r", "draft-structured", 70, 100)
-    assert fit.best("r") == "draft-structured"
+    assert fit.fitting("r") == ("draft-structured",)
     fit.observe_prompt("r", "draft-general", 0, 0)  # nothing scored: ignored
-    assert fit.best("r") == "draft-structured"
+    fit.observe_prompt("r", "draft-general", 65, 100)
+    assert fit.fitting("r") == ("draft-structured", "draft-general")
+    assert PromptFit().fitting("r") == ()  # per instance
     fit.release("r")
-    assert fit.best("r") is None
+    assert fit.fitting("r") == ()
 
 
 def test_acceptance_counts_only_best_fit_requests() -> None:

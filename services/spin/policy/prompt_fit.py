@@ -8,11 +8,12 @@ family's 144 held-out prompts: the drafter that predicts the prompt best was the
 target's output (64 tokens) for 115 of them (mean acceptance lost to the best: 0.028), against 72
 (0.128) for agreement on the first 5 output tokens, which is what scoring the output early sees.
 
-So a request's candidates narrow to its best-fitting model drafter plus prompt lookup, and that
-drafter starts from what the drafters that fitted *earlier* requests achieved (``acceptance``:
-accepted and rejected draft tokens of their steps and output scores, in this router), not from
-its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the code, prose and
-structured drafters on the requests they fit best, against 0.60, 0.53 and 0.31 on all).
+So a request's candidates narrow to its best-fitting model drafter (and any within ``margin`` of
+it) plus prompt lookup, and each starts from what it achieved on the *earlier* requests it fitted
+(``acceptance``: accepted and rejected draft tokens of their steps and output scores, in this
+router), not from its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the
+code, prose and structured drafters on the requests they fit best, against 0.60, 0.53 and 0.31
+on all).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class PromptFit:
 
     min_trials: float = 8.0
     """Draft tokens of fitted requests before ``acceptance`` answers (else None)."""
-    min_margin: float = 0.0
-    """Agreement by which the best drafter must beat the second to narrow the candidates."""
+    margin: float = 0.0
+    """Drafters whose prompt agreement is within this of the best's are candidates too."""
     _agreement: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)
     """request id -> drafter -> (matches, positions) on the prompt"""
     _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
@@ -39,25 +40,25 @@ class PromptFit:
         if positions > 0:
             self._agreement.setdefault(request_id, {})[drafter] = (matches, positions)
 
-    def best(self, request_id: str) -> str | None:
-        """The request's best-fitting model drafter, once two or more have scored its prompt and
-        the best leads by ``min_margin``; else None."""
+    def fitting(self, request_id: str) -> tuple[str, ...]:
+        """The request's best-fitting model drafters (best first): the best, and those within
+        ``margin`` of it; () until two or more have scored its prompt."""
         scores = sorted(((m / p, name) for name, (m, p) in
                          self._agreement.get(request_id, {}).items()), reverse=True)
-        if len(scores) < 2 or scores[0][0] - scores[1][0] < self.min_margin:
-            return None
-        return scores[0][1]
+        if len(scores) < 2:
+            return ()
+        return tuple(name for a, name in scores if a >= scores[0][0] - self.margin)
 
     def record(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
         """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted
-        for the drafter when it is the request's best fit."""
-        if drafter == self.best(request_id):
+        for the drafter when it fits the request best (``fitting``)."""
+        if drafter in self.fitting(request_id):
             t = self._trials.setdefault(drafter, [0.0, 0.0])
             t[0] += max(0.0, accepted)
             t[1] += max(0.0, rejected)
 
     def acceptance(self, drafter: str) -> float | None:
-        """Acceptance rate of ``drafter`` on the requests it fitted best (None: too few yet)."""
+        """Acceptance rate of ``drafter`` on the requests it fitted (None: too few yet)."""
         s, f = self._trials.get(drafter, (0.0, 0.0))
         return s / (s + f) if s + f >= self.min_trials else None
 

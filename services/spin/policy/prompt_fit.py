@@ -33,7 +33,7 @@ class PromptFit:
     _agreement: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)
     """request id -> drafter -> (matches, positions) on the prompt"""
     _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
-    """drafter -> [accepted, rejected] draft tokens while it was a request's best fit"""
+    """drafter -> [accepted, rejected] draft tokens on the requests it fitted"""
 
     def observe_prompt(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """``drafter`` predicted ``matches`` of the request's last ``positions`` prompt tokens."""

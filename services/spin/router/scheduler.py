@@ -2,10 +2,11 @@
 
 Every step: admit waiting requests (up to ``max_batch`` running), drop cancelled ones, ask the
 policy for each request's drafter and k, draft (prompt lookup here in the router, model drafters
-over their streams, concurrently), verify the whole batch in one call, stream the accepted tokens,
-record statistics. Requests join and leave between steps. A drafter that fails or stalls costs its
-requests one step without speculation (still lossless) and is retried later; finished and
-cancelled requests are released in every service that holds them.
+over their streams, concurrently), verify the whole batch in one call (the policy's scoring calls
+to drafters run meanwhile), stream the accepted tokens, record statistics. Requests join and leave
+between steps. A drafter that fails or stalls costs its requests one step without speculation
+(still lossless) and is retried later; finished and cancelled requests are released in every
+service that holds them.
 """
 
 from __future__ import annotations

@@ -34,9 +34,7 @@ def _zoo_report(args: argparse.Namespace) -> int:
     report = run_report(cfg)
     table = markdown(report)
     print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"\nwrote {args.json}")
+    _write_json(args.json, report)
     if args.readme:
         update_readme(Path(args.readme), table)
         print(f"updated {args.readme}")
@@ -206,9 +204,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
               f"tau {row['tau']:.2f}, efficiency {row['efficiency']:.2f} "
               "(each request with its domain's best drafter and k)")
     print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
-        print(f"wrote {args.json}")
+    _write_json(args.json, report)
     return 0 if report["lossless"] else 1
 
 
@@ -231,9 +227,7 @@ def _bench_services(args: argparse.Namespace) -> int:
               f"(+ bookkeeping); RPC overhead {st['rpc_overhead']:.2f} ms per step")
     print(f"in-process step with speculation: {r['inprocess_step_ms']:.2f} ms; "
           f"lossless: {r['lossless']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
-        print(f"wrote {args.json}")
+    _write_json(args.json, r)
     return 0 if r["lossless"] else 1
 
 
@@ -334,9 +328,7 @@ def _bench_fit(args: argparse.Namespace) -> int:
     for name, v in r["acceptance"].items():
         fit = "-" if v["best_fit"] is None else f"{v['best_fit']:.2f}"
         print(f"  {name:18s} {v['all']:.2f} | {fit} ({v['best_fit_requests']} requests)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
-        print(f"wrote {args.json}")
+    _write_json(args.json, r)
     return 0
 
 
@@ -359,10 +351,15 @@ def _bench_ab(args: argparse.Namespace) -> int:
           f"lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
           f"(< 1: B faster); prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
           f"/ B = {r['prompt_lookup_over_b']:.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
-        print(f"wrote {args.json}")
+    _write_json(args.json, r)
     return 0
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    """Write a command's report as JSON to ``path`` (if given) and say so."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {path}")
 
 
 def _positive(kind: type) -> callable:

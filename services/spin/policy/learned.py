@@ -195,6 +195,8 @@ class LearnedPolicy:
         self._stop.set()
 
     def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
+        cands = {r.request_id: self._candidates(r, available) for r in requests
+                 if r.mode == "auto"}
         drafters: list[str | None] = []
         for r in requests:
             if r.mode == "off":
@@ -202,13 +204,13 @@ class LearnedPolicy:
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
-                drafters.append(self.selector.choose(r.request_id, self._candidates(r, available)))
+                drafters.append(self.selector.choose(r.request_id, cands[r.request_id]))
                 self._chosen[r.request_id] = drafters[-1]
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
         ks = self.controller.choose(batch) if auto else [0] * len(requests)
         if auto and self.cfg.fallback:
-            ks = self._fallback(requests, drafters, batch, ks, available)
+            ks = self._fallback(requests, drafters, batch, ks, cands)
         out = []
         for r, d, k in zip(requests, drafters, ks):
             if r.mode == "drafter" and r.k:
@@ -226,7 +228,7 @@ class LearnedPolicy:
             elif (rounds < self.cfg.score_rounds and r.generated >= self.cfg.score_after
                   + rounds * (self.cfg.score_every or self.cfg.score_after)):
                 self._scored[r.request_id] = rounds + 1
-                score = tuple(sorted(self._candidates(r, available)))
+                score = tuple(sorted(cands[r.request_id]))
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
@@ -262,7 +264,7 @@ class LearnedPolicy:
 
     def _fallback(self, requests: list[RequestView], drafters: list[str | None],
                   batch: list[tuple[str, str | None, int]], ks: list[int],
-                  available: set[str]) -> list[int]:
+                  cands: dict[str, set[str]]) -> list[int]:
         """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
         once more through the controller; a drafter that would not draft is no use this step."""
         swapped = list(drafters)
@@ -271,10 +273,10 @@ class LearnedPolicy:
                     or (self.cfg.score_after and r.request_id not in self._scored
                         and r.request_id not in self._fitted)):
                 continue  # before its prompt fit or scores a request's next-best is a guess
-            cands = self._candidates(r, available)
             ranked = sorted(((mean, name) for name, (mean, _) in
                              self.selector.snapshot(r.request_id).items()
-                             if name in cands and name != drafters[i]), reverse=True)
+                             if name in cands[r.request_id] and name != drafters[i]),
+                            reverse=True)
             if ranked:
                 swapped[i] = ranked[0][1]
         if swapped == drafters:

@@ -30,24 +30,29 @@ class PromptFit:
     """Draft tokens of fitted requests before ``acceptance`` answers (else None)."""
     margin: float = 0.0
     """Drafters whose prompt agreement is within this of the best's are candidates too."""
-    _agreement: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)
-    """request id -> drafter -> (matches, positions) on the prompt"""
+    _agreement: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    """request id -> drafter -> fraction of the scored prompt tokens it predicted"""
+    _fitting: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """request id -> ``fitting``, recomputed as prompt scores arrive"""
     _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
     """drafter -> [accepted, rejected] draft tokens on the requests it fitted"""
 
     def observe_prompt(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """``drafter`` predicted ``matches`` of the request's last ``positions`` prompt tokens."""
-        if positions > 0:
-            self._agreement.setdefault(request_id, {})[drafter] = (matches, positions)
+        if positions <= 0:
+            return
+        agreement = self._agreement.setdefault(request_id, {})
+        agreement[drafter] = matches / positions
+        if len(agreement) >= 2:
+            top = max(agreement.values())
+            self._fitting[request_id] = tuple(
+                name for a, name in sorted(((a, n) for n, a in agreement.items()), reverse=True)
+                if a >= top - self.margin)
 
     def fitting(self, request_id: str) -> tuple[str, ...]:
         """The request's best-fitting model drafters (best first): the best, and those within
         ``margin`` of it; () until two or more have scored its prompt."""
-        scores = sorted(((m / p, name) for name, (m, p) in
-                         self._agreement.get(request_id, {}).items()), reverse=True)
-        if len(scores) < 2:
-            return ()
-        return tuple(name for a, name in scores if a >= scores[0][0] - self.margin)
+        return self._fitting.get(request_id, ())
 
     def record(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
         """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted
@@ -64,3 +69,4 @@ class PromptFit:
 
     def release(self, request_id: str) -> None:
         self._agreement.pop(request_id, None)
+        self._fitting.pop(request_id, None)

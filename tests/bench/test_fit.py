@@ -20,10 +20,19 @@ def test_summary_counts_hits_losses_and_best_fit_acceptance() -> None:
             _rec(a=(0.3, 0.2, 0.8), b=(0.8, 0.4, 0.1))]  # prompt right, early output wrong
     r = summarize(recs, ["a", "b"])
     assert r["signals"]["prompt"] == {"hits": 2, "mean_acceptance_lost": 0.0}
+    assert r["signals"]["prompt_record"] == {"hits": 2, "mean_acceptance_lost": 0.0}  # no near ties
     assert r["signals"]["early_output"]["hits"] == 0
     assert r["signals"]["early_output"]["mean_acceptance_lost"] == pytest.approx(0.5)
     assert r["acceptance"]["a"] == {"all": pytest.approx(0.6), "best_fit": 0.9,
                                     "best_fit_requests": 1}
+
+
+def test_the_record_breaks_near_ties_after_a_drafter_did_badly() -> None:
+    # a and b predict every prompt almost equally; b is the better one on every output
+    recs = [_rec(a=(0.5, 0.61, 0.0), b=(0.9, 0.60, 0.0)) for _ in range(6)]
+    assert summarize(recs, ["a", "b"])["signals"]["prompt"]["hits"] == 0
+    # untried drafters first: a once (it accepts 0.5), b once, then b on its record
+    assert summarize(recs, ["a", "b"])["signals"]["prompt_record"]["hits"] == 5
 
 
 def test_fit_bench_on_the_demo_family(family_dir: Path) -> None:

@@ -14,7 +14,9 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     assert prompt_lookup([5, 6, 7, 9, 5, 6, 8, 5, 6], k=2) == [8, 5]  # latest match wins
     assert prompt_lookup([1, 2, 3, 9, 2, 3], k=2) == [9, 2]  # longest n-gram first
     assert prompt_lookup([1, 2, 3], k=4) == []
-    assert prompt_lookup([7, 7], k=4) == [7]
+    assert prompt_lookup([7, 7], k=4) == [7, 7, 7, 7]  # a run goes on
+    assert prompt_lookup([1, 2, 3, 1, 2], k=5) == [3, 1, 2, 3, 1]  # the copy reads its own tokens
+    assert prompt_lookup([4, 1, 2, 1, 2], k=3) == [1, 2, 1]  # latest match: period 2
     tree = PromptLookupDrafter().propose([DraftRequest("a", (1, 2, 3, 1, 2), 2)])[0]
     assert tree.tokens == (3, 1) and tree.is_chain
 

@@ -92,6 +92,9 @@ def test_predicted_step_time_is_exposed() -> None:
     assert p.verify_s == pytest.approx(0.010 + 1e-4 * (c.k + 1))
     policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
     assert policy.last_prediction is None  # nothing chosen by the model: nothing predicted
+    # a first step: the verifier prefills the 200-token prompt as well as the k drafted tokens
+    (c,) = policy.choose([RequestView("c", 200, 0, 100, True)], DRAFTERS)
+    assert policy.last_prediction.verify_s == pytest.approx(0.010 + 1e-4 * (200 + c.k))
 
 
 def _generated(rid: str, generated: int) -> RequestView:
@@ -113,7 +116,8 @@ def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
         policy.observe_score("p", "draft-code", 1, 16)
         policy.observe_score("p", PROMPT_LOOKUP, 0, 16)
         (c,) = policy.choose([_generated("p", policy.cfg.score_after + 1)], DRAFTERS)
-        assert c.drafter == "draft-prose" and c.k >= 4 and c.score == ()
+        assert c.drafter == "draft-prose" and c.k >= 4
+        assert c.score == (PROMPT_LOOKUP,)  # free in the router: it rescores each step's tokens
         assert policy.controller.tracker.get("p", "draft-prose") > 0.8
         assert policy.controller.tracker.get("p", "draft-code") < 0.3
     finally:
@@ -159,9 +163,33 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         policy.close()
 
 
+def test_a_prompt_lookup_choice_carries_the_fitted_drafter_for_when_it_finds_no_match() -> None:
+    pop = {"draft-code": _stats(100, 200), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 380)}  # prompt lookup: the population's best by far
+    policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
+    try:
+        (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+        assert c.drafter == PROMPT_LOOKUP and c.instead is None  # no fit yet: nothing to name
+        policy.observe_score("p", "draft-prose", 60, 128)
+        policy.observe_score("p", "draft-code", 20, 128)
+        policy.observe("p", c, 0, 0.0, 0.080)
+        (c,) = policy.choose([_generated("p", 1)], DRAFTERS)
+        assert c.drafter == PROMPT_LOOKUP and c.k > 0
+        assert c.instead is not None and c.instead.drafter == "draft-prose" and c.instead.k > 0
+        before = policy.selector.snapshot("p")
+        policy.observe("p", c.instead, c.instead.k, 0.004, 0.011)  # the router ran it instead
+        after = policy.selector.snapshot("p")
+        assert after["draft-prose"][1] == before["draft-prose"][1] + 1
+        assert after[PROMPT_LOOKUP] == before[PROMPT_LOOKUP]  # no match is not its measure
+        (c,) = policy.choose([RequestView("p", 210, 10, 3, True)], DRAFTERS)
+        assert c.instead is None or c.instead.k <= 2  # clipped to the remaining tokens too
+    finally:
+        policy.close()
+
+
 def test_scoring_rounds_are_spaced_and_bounded() -> None:
-    policy = LearnedPolicy(cost=_cost())
-    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 10}), cost=_cost())
+    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 10,
+                                           "lookup_rescore": False}), cost=_cost())
     asked = [g for g in range(40) if policy.choose([_generated("r", g)], DRAFTERS)[0].score]
     assert asked == [0, 4, 14, 24]  # the prompt's prefill, then rounds after 4 and every 10
     assert not policy.choose([_generated("r", 99)], DRAFTERS)[0].score
@@ -169,6 +197,24 @@ def test_scoring_rounds_are_spaced_and_bounded() -> None:
     assert policy.choose([_generated("r", 50)], DRAFTERS)[0].score  # a new request is scored
     short = RequestView("s", 10, 0, policy.cfg.score_after, True)  # ends before a round
     assert policy.choose([short], DRAFTERS)[0].score == ()
+
+
+def test_prompt_lookup_rescores_the_new_tokens_and_its_prior_follows_the_recent_ones() -> None:
+    policy = LearnedPolicy(learned_config({"prompt_fit": False}), cost=_cost())
+    (c,) = policy.choose([_generated("r", policy.cfg.score_after)], DRAFTERS)
+    assert PROMPT_LOOKUP in c.score  # the first round
+    policy.observe_score("r", PROMPT_LOOKUP, 0, 8)  # the output does not repeat itself yet
+    priors = []
+    for g in range(policy.cfg.score_after + 1, policy.cfg.score_after + 7):
+        (c,) = policy.choose([_generated("r", g)], {"draft-code", PROMPT_LOOKUP})
+        if c.drafter == PROMPT_LOOKUP:
+            break
+        assert c.score == (PROMPT_LOOKUP,)  # every step, while another drafter drafts
+        policy.observe("r", c, c.k, 0.004, 0.011)
+        policy.observe_score("r", PROMPT_LOOKUP, 4, 4)  # now it does: a loop
+        priors.append(policy.controller.tracker.get("r", PROMPT_LOOKUP))
+    assert len(priors) >= 2 and priors == sorted(priors)  # rounds ago weigh less and less
+    assert c.drafter == PROMPT_LOOKUP  # the request moved to it
 
 
 def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
@@ -197,20 +243,3 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
                         {"draft-code": 0.006}, 0.040)
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 2 * 0.1 * 0.002)
-
-
-def test_learned_config_takes_json_overrides_and_names_bad_ones() -> None:
-    cfg = learned_config({"score_rounds": 2, "score_trials": 3, "selector": {"ucb_c": 0.1},
-                          "controller": {"k_max": 6}}, fallback=False)
-    assert (cfg.score_rounds, cfg.score_trials, cfg.fallback) == (2, 3, False)
-    assert cfg.selector.ucb_c == 0.1 and cfg.selector.prior_strength == 3.0  # the rest kept
-    assert cfg.controller.k_max == 6 and cfg.controller.margin == 0.10
-    for bad, match in (({"nope": 1}, "unknown learned-policy setting 'nope'"),
-                       ({"selector": {"x": 1}}, r"unknown selector setting\(s\) \['x'\]"),
-                       ({"selector": 3}, "takes an object"),
-                       ({"score_rounds": "2"}, "takes int values"),
-                       ({"fallback": [True]}, "takes bool values"),
-                       ({"score_after": True}, "takes int values"),
-                       ({"selector": {"ucb_c": "0.1"}}, "selector setting 'ucb_c' takes float")):
-        with pytest.raises(ValueError, match=match):
-            learned_config(bad)

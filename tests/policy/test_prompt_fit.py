@@ -6,7 +6,7 @@ from spin.policy.prompt_fit import PromptFit
 
 
 def test_the_fitting_drafters_need_two_scores_and_take_those_within_the_margin() -> None:
-    fit = PromptFit(margin=0.1)
+    fit = PromptFit(margin=0.1, rank_margin=0.0)
     fit.observe_prompt("r", "draft-code", 30, 100)
     assert fit.fitting("r") == ()  # one drafter: nothing to rank
     fit.observe_prompt("r", "draft-prose", 35, 100)
@@ -33,3 +33,18 @@ def test_acceptance_counts_only_best_fit_requests() -> None:
     fit.record("a", "draft-prose", 0, 1)  # a fits draft-code: not counted for draft-prose
     assert fit.acceptance("draft-code") == 7 / 8
     assert fit.acceptance("draft-prose") is None
+
+
+def test_near_ties_go_to_the_drafter_with_the_better_record() -> None:
+    fit = PromptFit(min_trials=8, rank_margin=0.02)
+    fit.observe_prompt("a", "draft-general", 62, 100)
+    fit.observe_prompt("a", "draft-structured", 60, 100)
+    assert fit.fitting("a") == ("draft-general",)  # no records: the better agreement
+    fit.record("a", "draft-general", 5, 5)  # it accepted half on a's output
+    fit.observe_prompt("b", "draft-general", 62, 100)
+    fit.observe_prompt("b", "draft-structured", 60, 100)
+    assert fit.fitting("b") == ("draft-structured",)  # untried beats a record of 0.5
+    fit.record("b", "draft-structured", 9, 1)
+    fit.observe_prompt("c", "draft-general", 70, 100)
+    fit.observe_prompt("c", "draft-structured", 60, 100)
+    assert fit.fitting("c") == ("draft-general",)  # 0.10 apart: agreement decides

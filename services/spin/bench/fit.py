@@ -8,10 +8,16 @@ first ``early_positions`` output tokens (what scoring the output after a few ste
 how often each signal's best drafter is the output's best ("hits"), the mean acceptance lost by
 following it, and each drafter's mean acceptance over all requests vs over those it fits best
 (by prompt): the population prior vs the prompt-fit seed.
+
+The signal ``prompt_record`` is what the router's prompt fit does (``PromptFit``): prompt
+agreement, with drafters close to the best ranked by their record on the earlier requests they
+fitted. The requests are taken in a fixed shuffled order (a mixed workload) and the record is
+built as they go, from each fitted drafter's acceptance on the output.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +26,13 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..policy.prompt_fit import PromptFit
 from ..zoo.corpus import heldout_prompts
 from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
 
 SIGNALS = ("prompt", "early_output")
+RECORD_SIGNAL = "prompt_record"
 
 
 @dataclass
@@ -95,6 +103,7 @@ def summarize(per_request: list[dict], names: list[str]) -> dict:
             hits += best == pick
             lost.append(d[best]["output"] - d[pick]["output"])
         report["signals"][signal] = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    report["signals"][RECORD_SIGNAL] = _with_record(per_request, names)
     for name in names:
         fitted = [rec["drafters"][name]["output"] for rec in per_request
                   if max(names, key=lambda n: rec["drafters"][n]["prompt"]) == name]
@@ -104,3 +113,25 @@ def summarize(per_request: list[dict], names: list[str]) -> dict:
             "best_fit_requests": len(fitted)}
     report["per_request"] = per_request
     return report
+
+
+def _with_record(per_request: list[dict], names: list[str], seed: int = 0,
+                 positions: int = 10_000) -> dict:
+    """Hits and acceptance lost of ``PromptFit``'s choice, the requests in a shuffled order."""
+    fit = PromptFit()
+    order = list(range(len(per_request)))
+    random.Random(seed).shuffle(order)
+    hits, lost = 0, []
+    for i in order:
+        d = per_request[i]["drafters"]
+        rid = str(i)
+        for n in names:
+            fit.observe_prompt(rid, n, round(d[n]["prompt"] * positions), positions)
+        pick = fit.fitting(rid)[0]
+        best = max(names, key=lambda n: d[n]["output"])
+        hits += best == pick
+        lost.append(d[best]["output"] - d[pick]["output"])
+        out = d[pick]["output"] * 64  # its output's draft tokens, accepted and rejected
+        fit.record(rid, pick, out, 64 - out)
+        fit.release(rid)
+    return {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}

@@ -53,14 +53,22 @@ class Drafter(Protocol):
 
 
 def prompt_lookup(context: tuple[int, ...] | list[int], k: int, max_ngram: int = 3) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the context's last n-gram
-    (n from ``max_ngram`` down to 1); [] without a match."""
+    """The k tokens that followed the latest earlier occurrence of the context's last n-gram
+    (n from ``max_ngram`` down to 1); [] without a match.
+
+    A copy that reaches the end of the context goes on through the tokens it has copied, as an
+    LZ77 back-reference may overlap itself: after ``a b c a b`` the match ``a b`` at 0 proposes
+    ``c a b c ...``, so a repeating span (a run of one token, a table row, an indent) is drafted
+    k tokens ahead instead of only up to the context's end."""
     ctx = list(context)
     for n in range(min(max_ngram, len(ctx) - 1), 0, -1):
         tail = ctx[-n:]
         for start in range(len(ctx) - n - 1, -1, -1):
             if ctx[start:start + n] == tail:
-                return ctx[start + n:start + n + k]
+                src = start + n  # < len(ctx): the copy may read what it appends
+                for j in range(k):
+                    ctx.append(ctx[src + j])
+                return ctx[len(context):]
     return []
 
 

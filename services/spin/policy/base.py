@@ -28,6 +28,10 @@ class StepChoice:
     """Drafters (model drafters and prompt lookup) that should also score the request's own
     output this step: how well each predicts it, answered through ``Policy.observe_score``. A
     model drafter keeps the prefill for later drafts."""
+    instead: StepChoice | None = None
+    """For a prompt-lookup choice: what the request drafts with when the lookup finds no match
+    this step (a model drafter and its k), so the step still speculates. The router reports the
+    choice it ran to ``Policy.observe``."""
 
 
 @dataclass(frozen=True)

@@ -134,12 +134,14 @@ class AcceptanceTracker:
         st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
         st.n += 1
 
-    def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
+    def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float,
+                     keep: float = 1.0) -> None:
         """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's
-        greedy agreement with the request's own output (each position one Bernoulli trial)."""
+        greedy agreement with the request's own output (each position one Bernoulli trial); the
+        evidence so far weighs ``keep`` first."""
         st = self._acc(request_id, drafter)
-        st.s += max(0.0, accepted)
-        st.f += max(0.0, rejected)
+        st.s = keep * st.s + max(0.0, accepted)
+        st.f = keep * st.f + max(0.0, rejected)
 
     def _acc(self, request_id: str, drafter: str) -> _Acc:
         """The request's state for ``drafter``, seeded at the population rate when new."""
@@ -174,8 +176,8 @@ class _Batch:
     """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
 
     def __init__(self, cost: CostModel, batch: list[tuple[str, str | None, int]],
-                 acc: np.ndarray, pipelined: bool) -> None:
-        self.cost, self.pipelined = cost, pipelined
+                 acc: np.ndarray, pipelined: bool, extra: int = 0) -> None:
+        self.cost, self.pipelined, self.extra = cost, pipelined, extra
         self.names = sorted({d for _, d, _ in batch if d is not None and cost.has_drafter(d)})
         pos = {d: i for i, d in enumerate(self.names)}
         self.idx = np.array([pos.get(d, -1) if d is not None else -1 for _, d, _ in batch],
@@ -187,7 +189,7 @@ class _Batch:
         self.b, self.c_total = len(batch), float(self.ctx.sum())
 
     def verify(self, scored: float) -> float:
-        return self.cost.predict_verify(self.b, int(scored), int(self.c_total))
+        return self.cost.predict_verify(self.b, int(scored) + self.extra, int(self.c_total))
 
     def aggregates(self, k: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per drafter: max k, count at max, #active, Σk, Σk·ctx."""
@@ -284,21 +286,23 @@ class SpecLengthController:
         keys = [b for b in self.table if b <= batch_size] or [min(self.table, default=0)]
         return min(self.table.get(max(keys), 0), self.cfg.k_max)
 
-    def _batch(self, batch: list[tuple[str, str | None, int]]) -> _Batch:
+    def _batch(self, batch: list[tuple[str, str | None, int]], extra: int = 0) -> _Batch:
         assert self.cost is not None
         acc = np.array([self.tracker.get(r, d) if d is not None else 0.0 for r, d, _ in batch],
                        dtype=float)
-        return _Batch(self.cost, batch, acc, self.cfg.pipelined)
+        return _Batch(self.cost, batch, acc, self.cfg.pipelined, extra)
 
-    def choose(self, batch: list[tuple[str, str | None, int]]) -> list[int]:
+    def choose(self, batch: list[tuple[str, str | None, int]], extra: int = 0) -> list[int]:
         """k in 0..k_max per (request_id, drafter or None, context_len); None → 0. A drafter the
-        cost model has no cost for also gets 0 (we do not speculate blind)."""
+        cost model has no cost for also gets 0 (we do not speculate blind). ``extra``: tokens the
+        verification scores besides each request's k + 1 (the prompts of requests it prefills),
+        which make the step longer whatever k is."""
         if not batch:
             return []
         if self.cost is None:
             k = self.table_k(len(batch))
             return [k if d is not None else 0 for _, d, _ in batch]
-        bt = self._batch(batch)
+        bt = self._batch(batch, extra)
         zero = np.zeros(len(batch))
         g0 = bt.goodput(zero)
         if not bt.eligible.any() or self.cfg.k_max == 0:
@@ -320,16 +324,17 @@ class SpecLengthController:
         bt = self._batch(batch)
         return bt.goodput(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
 
-    def predicted_parts(self, batch: list[tuple[str, str | None, int]],
-                        ks: list[int]) -> tuple[dict[str, float], float]:
+    def predicted_parts(self, batch: list[tuple[str, str | None, int]], ks: list[int],
+                        extra: int = 0) -> tuple[dict[str, float], float]:
         """Predicted seconds of each drafter's call (those with a drafting request) and of the
         verification, for a step running ``ks``; ({}, NaN) without a cost model. Requests with no
-        drafter, or one with no cost, add their k + 1 scored tokens but no draft time."""
+        drafter, or one with no cost, add their k + 1 scored tokens but no draft time; ``extra``
+        as in ``choose``."""
         if len(ks) != len(batch):
             raise ValueError(f"{len(ks)} k values for {len(batch)} requests")
         if self.cost is None:
             return {}, math.nan
-        bt = self._batch(batch)
+        bt = self._batch(batch, extra)
         k = np.asarray(ks, dtype=float)
         kmax, _, act, sk, skc = bt.aggregates(np.where(bt.eligible, k, 0.0))
         drafts = bt.draft_time(np.arange(len(bt.names)), kmax, act, sk, skc)

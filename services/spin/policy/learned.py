@@ -13,8 +13,11 @@ Per step, for the running batch:
 
 A step in which the bandit's drafter did not speculate (the controller chose k = 0 for it, or
 prompt lookup found no match) still rewards that drafter, with the one token such a step yields,
-so the bandit moves on instead of keeping a drafter that never drafts; and in that step the
-request first tries its next-best drafter (by posterior mean) through the controller once more.
+so the bandit moves on instead of keeping a drafter that never drafts. Two fallbacks keep such
+steps rare: a drafter given k = 0 makes the request try its next-best drafter (by posterior mean)
+through the controller once more; and a prompt-lookup choice carries the next-best *model*
+drafter and its k (``StepChoice.instead``), which the router runs when the lookup finds no match.
+That step rewards the model drafter, so prompt lookup's value is what it earns when it matches.
 
 **Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
 the prompt instead: it prefills it (a prefill it reuses later) and counts the prompt tokens equal
@@ -32,7 +35,12 @@ the drafter's acceptance rate on this request. Each scored position counts as on
 rejected draft token in the request's acceptance estimate for the drafter, and the drafter's
 bandit prior (own steps kept) becomes the goodput the cost model predicts at the best k for that
 rate. Without the prompt fit every drafter scores, so a request learns which drafter fits it from
-one round of prefills instead of one slow exploratory step per drafter.
+one round of prefills instead of one slow exploratory step per drafter. After that round prompt
+lookup, which costs nothing but a scan in the router, rescores every step's new tokens while a
+model drafts (``lookup_rescore``): the small target models this project trains, like larger ones
+on code and structured text, fall into repeating spans, where prompt lookup drafts k tokens for
+free and all are accepted. Each round weighs ``1 - controller.ema`` of the next, so its estimate
+follows the recent output.
 
 **Calibration.** The cost model is fitted on bare forwards (``spin profile``); in serving a step
 also pays round trips and the services' and the router's own work. After each step the router
@@ -52,95 +60,18 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from .cost_model import CostModel
-from .goodput import ControllerConfig, SpecLengthController, expected_tokens
+from .goodput import SpecLengthController, expected_tokens
+from .learned_config import LearnedPolicyConfig, learned_config
 from .prompt_fit import PromptFit
-from .selector import DraftSelector, SelectorConfig, population_from_stats
+from .selector import DraftSelector, population_from_stats
+
+__all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LearnedPolicyConfig:
-    """Settings of the learned policy."""
-
-    selector: SelectorConfig = field(default_factory=SelectorConfig)
-    """The per-request bandit. Its population prior weighs 3 steps: with the prompt fit a request
-    weighs two candidates. When 8 was the default, ``spin bench ab --a '{}' --b '{"selector":
-    {"prior_strength": 3.0}}'`` measured B / A = 0.959 with the prompt fit (0.977 before it)."""
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    """The speculation-length controller."""
-    refresh_s: float = 5.0
-    """How often the population statistics are re-read (in a background thread)."""
-    probe_every: int = 16
-    """Steps at k = 0 after which a request probes once with k = 1."""
-    score_after: int = 4
-    """Generated tokens after which every unused candidate scores the request's output (see the
-    module doc); 0 = never (and no prompt fit)."""
-    score_every: int = 0
-    """Generated tokens between later scoring rounds (0 = ``score_after``)."""
-    score_rounds: int = 1
-    """Scoring rounds per request at most (each adds the new tokens to the counts). One was no
-    worse than more when every drafter scored and a round held up its step: ``spin bench ab --a
-    '{"score_rounds": 4}' --b '{}'`` measured B / A = 0.987 (its noise floor is about 2%)."""
-    prompt_fit: bool = True
-    """At a request's first step (prompt lookup drafts) every model drafter scores the prompt
-    while the target prefills it (the router sends scoring calls during the verification); the
-    request's candidates then narrow to the best-fitting drafter and prompt lookup, the former
-    seeded from earlier best-fit requests (``prompt_fit.py``)."""
-    fit_margin: float = 0.0
-    """Model drafters whose prompt agreement is within this of the best's are candidates too.
-    ``spin bench ab --a '{}' --b '{"fit_margin": 0.05}'`` measured B / A = 0.998: a structured
-    request whose best drafter came second by prompt gained, code requests lost as much to the
-    extra exploration."""
-    fit_trials: float = 8.0
-    """Weight, in draft tokens, of that seed in the request's acceptance estimate."""
-    score_trials: float = 4.0
-    """Weight, in steps, of the bandit prior predicted from a drafter's agreement (the agreement
-    itself adds one accepted or rejected draft token per scored position to the acceptance
-    estimate)."""
-    fallback: bool = True
-    """A request whose drafter gets k = 0 tries its next-best drafter in the same step."""
-
-
-def _checked(where: str, key: str, old: object, value: object) -> object:
-    """``value`` for a setting whose default is ``old`` (an int may stand for a float); else
-    ``ValueError``."""
-    ok = (type(value) is type(old) or (type(value) is int and type(old) is float)
-          or (old is None and isinstance(value, (int, float, str))))
-    if not ok:
-        raise ValueError(f"{where} setting {key!r} takes {type(old).__name__} values, "
-                         f"got {value!r}")
-    return value
-
-
-def learned_config(overrides: dict | None = None, **base) -> LearnedPolicyConfig:
-    """A ``LearnedPolicyConfig`` from ``base`` keyword arguments and JSON-like ``overrides``
-    (``{"score_rounds": 2, "selector": {"ucb_c": 0.1}, "controller": {"k_max": 6}}``), e.g. from
-    the router's ``--policy-config``. ``ValueError`` names an unknown or ill-typed setting."""
-    cfg = LearnedPolicyConfig(**base)
-    nested = {"selector": SelectorConfig, "controller": ControllerConfig}
-    known = sorted(f.name for f in fields(LearnedPolicyConfig))
-    for key, value in (overrides or {}).items():
-        if key not in known:
-            raise ValueError(f"unknown learned-policy setting {key!r}; known: {known}")
-        if key in nested:
-            if not isinstance(value, dict):
-                raise ValueError(f"learned-policy setting {key!r} takes an object, got {value!r}")
-            inner = getattr(cfg, key)
-            names = sorted(f.name for f in fields(nested[key]))
-            unknown = sorted(set(value) - set(names))
-            if unknown:
-                raise ValueError(f"unknown {key} setting(s) {unknown}; known: {names}")
-            value = replace(inner, **{k: _checked(key, k, getattr(inner, k), v)
-                                      for k, v in value.items()})
-        else:
-            value = _checked("learned-policy", key, getattr(cfg, key), value)
-        cfg = replace(cfg, **{key: value})
-    return cfg
 
 
 class LearnedPolicy:
@@ -157,11 +88,12 @@ class LearnedPolicy:
         """request id -> the bandit's drafter this step (auto mode only)"""
         self._scored: dict[str, int] = {}
         """request id -> scoring rounds so far"""
-        self._agreement: dict[str, dict[str, list[int]]] = {}
-        """request id -> drafter -> [matches, positions] summed over rounds"""
+        self._agreement: dict[str, dict[str, list[float]]] = {}
+        """request id -> drafter -> [matches, positions] over rounds, each round weighing
+        ``1 - controller.ema`` of the next"""
         self._ctx: dict[str, int] = {}
         """request id -> context length at its last step"""
-        self.fit = PromptFit(margin=self.cfg.fit_margin)
+        self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin)
         """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
         self._fitted: set[str] = set()
         """Requests whose best-fitting drafter has been seeded."""
@@ -208,11 +140,15 @@ class LearnedPolicy:
                 self._chosen[r.request_id] = drafters[-1]
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
-        ks = self.controller.choose(batch) if auto else [0] * len(requests)
+        # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
+        prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
+        ks = self.controller.choose(batch, prefill) if auto else [0] * len(requests)
+        instead: dict[int, StepChoice] = {}
         if auto and self.cfg.fallback:
-            ks = self._fallback(requests, drafters, batch, ks, cands)
+            ks = self._fallback(requests, drafters, batch, ks, cands, prefill)
+            instead = self._no_match(requests, drafters, batch, ks, cands, prefill)
         out = []
-        for r, d, k in zip(requests, drafters, ks):
+        for i, (r, d, k) in enumerate(zip(requests, drafters, ks)):
             if r.mode == "drafter" and r.k:
                 k = r.k
             elif d is not None and k == 0 and self._idle.get(r.request_id, 0) >= self.cfg.probe_every:
@@ -229,14 +165,20 @@ class LearnedPolicy:
                   + rounds * (self.cfg.score_every or self.cfg.score_after)):
                 self._scored[r.request_id] = rounds + 1
                 score = tuple(sorted(cands[r.request_id]))
+            elif (rounds and self.cfg.lookup_rescore and d != PROMPT_LOOKUP
+                  and PROMPT_LOOKUP in cands[r.request_id]):
+                score = (PROMPT_LOOKUP,)
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
-            out.append(StepChoice(d, k, score=score) if d is not None and k > 0
+            alt = instead.get(i)
+            if alt is not None:
+                alt = replace(alt, k=min(alt.k, r.remaining - 1)) if r.remaining > 1 else None
+            out.append(StepChoice(d, k, score=score, instead=alt) if d is not None and k > 0
                        else StepChoice(None, score=score))
         self.last_prediction = None
         if auto and self.controller.cost is not None:
-            drafts, verify = self.controller.predicted_parts(batch, [c.k for c in out])
+            drafts, verify = self.controller.predicted_parts(batch, [c.k for c in out], prefill)
             self.last_prediction = StepPrediction(
                 self.controller.step_s(drafts, verify), drafts, verify,
                 frozenset(n for c in out for n in c.score))
@@ -264,24 +206,17 @@ class LearnedPolicy:
 
     def _fallback(self, requests: list[RequestView], drafters: list[str | None],
                   batch: list[tuple[str, str | None, int]], ks: list[int],
-                  cands: dict[str, set[str]]) -> list[int]:
+                  cands: dict[str, set[str]], prefill: int) -> list[int]:
         """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
         once more through the controller; a drafter that would not draft is no use this step."""
         swapped = list(drafters)
         for i, r in enumerate(requests):
-            if (r.mode != "auto" or ks[i] > 0 or drafters[i] is None
-                    or (self.cfg.score_after and r.request_id not in self._scored
-                        and r.request_id not in self._fitted)):
-                continue  # before its prompt fit or scores a request's next-best is a guess
-            ranked = sorted(((mean, name) for name, (mean, _) in
-                             self.selector.snapshot(r.request_id).items()
-                             if name in cands[r.request_id] and name != drafters[i]),
-                            reverse=True)
-            if ranked:
-                swapped[i] = ranked[0][1]
+            if r.mode == "auto" and ks[i] == 0 and drafters[i] is not None:
+                swapped[i] = self._next_best(r, drafters[i], cands[r.request_id]) or drafters[i]
         if swapped == drafters:
             return ks
-        alt = self.controller.choose([(rid, d, c) for (rid, _, c), d in zip(batch, swapped)])
+        alt = self.controller.choose([(rid, d, c) for (rid, _, c), d in zip(batch, swapped)],
+                                     prefill)
         out = list(ks)
         for i, r in enumerate(requests):
             if swapped[i] != drafters[i] and alt[i] > 0:
@@ -289,6 +224,35 @@ class LearnedPolicy:
                 self._chosen[r.request_id] = swapped[i]
                 batch[i] = (r.request_id, swapped[i], batch[i][2])
         return out
+
+    def _next_best(self, r: RequestView, current: str, cands: set[str],
+                   models_only: bool = False) -> str | None:
+        """The request's best candidate but ``current`` by posterior mean; None before its prompt
+        fit or scores (its next-best would be a guess)."""
+        if (self.cfg.score_after and r.request_id not in self._scored
+                and r.request_id not in self._fitted):
+            return None
+        ranked = sorted(((mean, name) for name, (mean, _) in
+                         self.selector.snapshot(r.request_id).items()
+                         if name in cands and name != current
+                         and not (models_only and name == PROMPT_LOOKUP)), reverse=True)
+        return ranked[0][1] if ranked else None
+
+    def _no_match(self, requests: list[RequestView], drafters: list[str | None],
+                  batch: list[tuple[str, str | None, int]], ks: list[int],
+                  cands: dict[str, set[str]], prefill: int) -> dict[int, StepChoice]:
+        """For each auto request drafting with prompt lookup: its next-best model drafter and the
+        k the controller gives it, drafted instead when the lookup finds no match (a plain step
+        would yield one token). Index in ``requests`` -> ``StepChoice``."""
+        alts = {i: self._next_best(r, PROMPT_LOOKUP, cands[r.request_id], models_only=True)
+                for i, r in enumerate(requests)
+                if r.mode == "auto" and drafters[i] == PROMPT_LOOKUP and ks[i] > 0}
+        alts = {i: d for i, d in alts.items() if d is not None}
+        if not alts:
+            return {}
+        alt_k = self.controller.choose([(rid, alts.get(i, d), c)
+                                        for i, (rid, d, c) in enumerate(batch)], prefill)
+        return {i: StepChoice(d, alt_k[i]) for i, d in alts.items() if alt_k[i] > 0}
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
@@ -317,10 +281,12 @@ class LearnedPolicy:
             self.fit.observe_prompt(request_id, drafter, matches, positions)
             return
         self.fit.record(request_id, drafter, matches, positions - matches)
-        self.controller.tracker.add_evidence(request_id, drafter, matches, positions - matches)
-        total = self._agreement.setdefault(request_id, {}).setdefault(drafter, [0, 0])
-        total[0] += matches
-        total[1] += positions
+        keep = 1.0 - self.controller.cfg.ema  # earlier rounds weigh less: the output changes
+        self.controller.tracker.add_evidence(request_id, drafter, matches, positions - matches,
+                                             keep)
+        total = self._agreement.setdefault(request_id, {}).setdefault(drafter, [0.0, 0.0])
+        total[0] = keep * total[0] + matches
+        total[1] = keep * total[1] + positions
         self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
                               self._ctx.get(request_id, 0))
 

@@ -58,7 +58,7 @@ class RouterConfig:
     """Round-trip time the router adds to each drafter and verifier call (the profile measures
     compute in process); added to the cost model's fixed terms."""
     policy_config: dict = field(default_factory=dict)
-    """Overrides of the learned policy's settings (``policy.learned.learned_config``), e.g.
+    """Overrides of the learned policy's settings (``policy.learned_config.learned_config``), e.g.
     ``{"score_rounds": 2, "selector": {"ucb_c": 0.1}}``."""
     kubernetes: KubernetesDiscoveryConfig | None = None
     """Find drafter and verifier replicas through the Kubernetes API (instead of the static

@@ -116,8 +116,9 @@ def summarize(per_request: list[dict], names: list[str]) -> dict:
 
 
 def _with_record(per_request: list[dict], names: list[str], seed: int = 0,
-                 positions: int = 10_000) -> dict:
-    """Hits and acceptance lost of ``PromptFit``'s choice, the requests in a shuffled order."""
+                 positions: int = 10_000, trials: int = 64) -> dict:
+    """Hits and acceptance lost of ``PromptFit``'s choice, the requests in a shuffled order;
+    each fitted request adds ``trials`` draft tokens at its output agreement to the record."""
     fit = PromptFit()
     order = list(range(len(per_request)))
     random.Random(seed).shuffle(order)
@@ -131,7 +132,7 @@ def _with_record(per_request: list[dict], names: list[str], seed: int = 0,
         best = max(names, key=lambda n: d[n]["output"])
         hits += best == pick
         lost.append(d[best]["output"] - d[pick]["output"])
-        out = d[pick]["output"] * 64  # its output's draft tokens, accepted and rejected
-        fit.record(rid, pick, out, 64 - out)
+        accepted = d[pick]["output"] * trials
+        fit.record(rid, pick, accepted, trials - accepted)
         fit.release(rid)
     return {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}

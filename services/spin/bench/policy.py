@@ -136,13 +136,13 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
         tokens = sum(len(t) for t in reference)
         goodput = {name: tokens / sum(times) for name, times in per_request.items()
                    if name != "learned"}
-        fixed = {name: runs for name, runs in e2e.items() if name != "learned"}
+        configs = {name: runs for name, runs in e2e.items() if name != "learned"}
         medians = {name: times for name, times in per_request.items() if name != "learned"}
         best_fixed = _best_fixed(medians)[0]
         oracle = _oracle(medians)  # each request's best configuration
         oracle_in_sample = sum(per_request[c][i] for i, c in enumerate(oracle))
-        oracle_s = _held_out(fixed, _oracle)
-        best_fixed_s = _held_out(fixed, _best_fixed)
+        oracle_s = _held_out(configs, _oracle)
+        best_fixed_s = _held_out(configs, _best_fixed)
         report["goodput"] = {"learned": tokens / sum(per_request["learned"]),
                              "best_fixed": tokens / sum(best_fixed_s),
                              "best_fixed_config": best_fixed,

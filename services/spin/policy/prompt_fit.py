@@ -12,12 +12,12 @@ Drafters whose agreement is close to the best's (within ``rank_margin``) are ran
 record instead: how they did on the earlier requests they fitted (``acceptance``). A general
 model often predicts a prompt about as well as the specialist but accepts less on the output. On
 the same 144 prompts, in 20 shuffled orders with the record built as they go, this picked the
-output's best for 122-123 of them (median 123; mean acceptance lost 0.016) where agreement alone
-picks 115 (0.028). A margin of 0.03 or 0.05 did as well in most orders but 98 and 88 in the
+output's best for at least 122 of them (median 123; mean acceptance lost 0.016) where agreement
+alone picks 115 (0.028). A margin of 0.03 or 0.05 did as well in most orders but 98 and 88 in the
 worst: a drafter whose first fitted request went badly then loses the near ties for good.
 
 So a request's candidates narrow to its best-fitting model drafter (and any within ``margin`` of
-the best agreement) plus prompt lookup, and each starts from what it achieved on the *earlier*
+its agreement) plus prompt lookup, and each starts from what it achieved on the *earlier*
 requests it fitted
 (``acceptance``: accepted and rejected draft tokens of their steps and output scores, in this
 router), not from its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the

@@ -3,30 +3,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from spin.engine.drafter import (DraftRequest, ModelDrafter, PromptLookupDrafter, prompt_lookup,
-                                 prompt_lookup_score)
+from spin.engine.drafter import DraftRequest, ModelDrafter, PromptLookupDrafter
 from spin.engine.model_runner import ModelRunner
 from spin.engine.sampling import SamplingParams
 
 
-def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
-    assert prompt_lookup([1, 2, 3, 4, 1, 2], k=3) == [3, 4, 1]
-    assert prompt_lookup([5, 6, 7, 9, 5, 6, 8, 5, 6], k=2) == [8, 5]  # latest match wins
-    assert prompt_lookup([1, 2, 3, 9, 2, 3], k=2) == [9, 2]  # longest n-gram first
-    assert prompt_lookup([1, 2, 3], k=4) == []
-    assert prompt_lookup([7, 7], k=4) == [7, 7, 7, 7]  # a run goes on
-    assert prompt_lookup([1, 2, 3, 1, 2], k=5) == [3, 1, 2, 3, 1]  # the copy reads its own tokens
-    assert prompt_lookup([4, 1, 2, 1, 2], k=3) == [1, 2, 1]  # latest match: period 2
+def test_prompt_lookup_drafter_proposes_a_chain() -> None:
     tree = PromptLookupDrafter().propose([DraftRequest("a", (1, 2, 3, 1, 2), 2)])[0]
     assert tree.tokens == (3, 1) and tree.is_chain
-
-
-def test_prompt_lookup_score_counts_what_the_lookup_would_have_proposed() -> None:
-    ctx = [1, 2, 3, 1, 2, 3, 1, 2, 4]
-    # positions 4..8 (tokens 2 3 1 2 4): the lookup proposes 2, 3, 1, 2, 3 from what precedes each
-    assert prompt_lookup_score(ctx, start=4) == (4, 5)
-    assert prompt_lookup_score(ctx, start=4, max_positions=2) == (1, 2)  # the last two only
-    assert prompt_lookup_score([5, 6, 7], start=1) == (0, 2)  # nothing repeats
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,12 @@ import torch
 
 from .kv_cache import RequestSlots
 from .model_runner import ForwardItem, ModelRunner
+from .prompt_lookup import prompt_lookup, prompt_lookup_score
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
+
+__all__ = ["DraftRequest", "Drafter", "ModelDrafter", "PromptLookupDrafter", "prompt_lookup",
+           "prompt_lookup_score"]
 
 
 @dataclass(frozen=True)
@@ -50,40 +54,6 @@ class Drafter(Protocol):
     def propose(self, requests: list[DraftRequest]) -> list[TokenTree]: ...
 
     def release(self, request_id: str) -> None: ...
-
-
-def prompt_lookup(context: tuple[int, ...] | list[int], k: int, max_ngram: int = 3) -> list[int]:
-    """The k tokens that followed the latest earlier occurrence of the context's last n-gram
-    (n from ``max_ngram`` down to 1); [] without a match.
-
-    A copy that reaches the end of the context goes on through the tokens it has copied, as an
-    LZ77 back-reference may overlap itself: after ``a b c a b`` the match ``a b`` at 0 proposes
-    ``c a b c ...``, so a repeating span (a run of one token, a table row, an indent) is drafted
-    k tokens ahead instead of only up to the context's end."""
-    ctx = list(context)
-    for n in range(min(max_ngram, len(ctx) - 1), 0, -1):
-        tail = ctx[-n:]
-        for start in range(len(ctx) - n - 1, -1, -1):
-            if ctx[start:start + n] == tail:
-                src = start + n  # < len(ctx): the copy may read what it appends
-                for j in range(k):
-                    ctx.append(ctx[src + j])
-                return ctx[len(context):]
-    return []
-
-
-def prompt_lookup_score(context: tuple[int, ...] | list[int], start: int = 1,
-                        max_positions: int = 64, max_ngram: int = 3) -> tuple[int, int]:
-    """How well prompt lookup predicts the context itself: (matches, positions) over positions
-    ``start`` on (at most the last ``max_positions``), each predicted by ``prompt_lookup`` from
-    the tokens before it."""
-    n = len(context)
-    start = max(1, start, n - max_positions)
-    matches = 0
-    for j in range(start, n):
-        found = prompt_lookup(context[:j], 1, max_ngram)
-        matches += bool(found) and found[0] == context[j]
-    return matches, n - start
 
 
 class PromptLookupDrafter:

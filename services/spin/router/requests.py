@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from ..engine.prompt_lookup import PromptLookupIndex
 from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class RouterRequest:
     tallies: dict[str, DrafterTally] = field(default_factory=dict)
     lookup_scored: int = 0
     """Context tokens prompt lookup was scored on (each round scores only what came since)."""
+    lookup: PromptLookupIndex = field(default_factory=PromptLookupIndex)
+    """Prompt lookup over the context, kept up to date by ``lookup_index``."""
     trace: RequestTrace | None = None
     """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
 
@@ -78,6 +81,11 @@ class RouterRequest:
         """``context[start:]`` without building the whole context (the per-step sync delta)."""
         p = len(self.prompt)
         return list(self.prompt[start:]) + self.generated[max(0, start - p):]
+
+    def lookup_index(self) -> PromptLookupIndex:
+        """``lookup`` with every token of the context taken in (only the new ones are read)."""
+        self.lookup.extend(self.context_from(len(self.lookup)))
+        return self.lookup
 
     @property
     def context_len(self) -> int:

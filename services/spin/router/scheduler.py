@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..engine.drafter import prompt_lookup, prompt_lookup_score
 from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice
 from ..rpc.convert import sampling_to_proto
@@ -260,15 +259,14 @@ class Scheduler:
                 if name == PROMPT_LOOKUP:  # like a drafter: only the tokens since the last round
                     start = max(len(r.prompt), r.lookup_scored)
                     r.lookup_scored = r.context_len
-                    self.policy.observe_score(r.request_id, name,
-                                              *prompt_lookup_score(r.context, start))
+                    self.policy.observe_score(r.request_id, name, *r.lookup_index().score(start))
                 elif name in self.drafters and self.drafters[name].available:
                     scoring[name].append((r, StepChoice(name, 0, score=(name,))))
             if c.drafter is None or c.k <= 0:
                 continue
             if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
                 start = time.perf_counter()
-                found = prompt_lookup(r.context, c.k)
+                found = r.lookup_index().propose(c.k)
                 if found:
                     trees[r.request_id] = _chain(found)
                 seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start

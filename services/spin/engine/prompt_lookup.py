@@ -1,0 +1,98 @@
+"""Prompt lookup: drafting from the request's own context, no model.
+
+``prompt_lookup`` proposes what followed the latest earlier occurrence of the context's last
+n-gram; ``prompt_lookup_score`` counts how well that predicts the context itself. Both scan the
+context. ``PromptLookupIndex`` gives the same answers for one growing context (a request in the
+router) at O(``max_ngram``) per new token: it keeps, per n-gram, where its latest occurrence's
+continuation starts, and per position whether the lookup predicted it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """The k tokens that followed the latest earlier occurrence of the context's last n-gram
+    (n from ``max_ngram`` down to 1); [] without a match.
+
+    A copy that reaches the end of the context goes on through the tokens it has copied, as an
+    LZ77 back-reference may overlap itself: after ``a b c a b`` the match ``a b`` at 0 proposes
+    ``c a b c ...``, so a repeating span (a run of one token, a table row, an indent) is drafted
+    k tokens ahead instead of only up to the context's end."""
+    ctx = list(context)
+    for n in range(min(max_ngram, len(ctx) - 1), 0, -1):
+        tail = ctx[-n:]
+        for start in range(len(ctx) - n - 1, -1, -1):
+            if ctx[start:start + n] == tail:
+                src = start + n  # < len(ctx): the copy may read what it appends
+                for j in range(k):
+                    ctx.append(ctx[src + j])
+                return ctx[len(context):]
+    return []
+
+
+def prompt_lookup_score(context: Sequence[int], start: int = 1,
+                        max_positions: int = 64, max_ngram: int = 3) -> tuple[int, int]:
+    """How well prompt lookup predicts the context itself: (matches, positions) over positions
+    ``start`` on (at most the last ``max_positions``), each predicted by ``prompt_lookup`` from
+    the tokens before it."""
+    n = len(context)
+    start = max(1, start, n - max_positions)
+    matches = 0
+    for j in range(start, n):
+        found = prompt_lookup(context[:j], 1, max_ngram)
+        matches += bool(found) and found[0] == context[j]
+    return matches, max(0, n - start)
+
+
+class PromptLookupIndex:
+    """Incremental ``prompt_lookup`` and ``prompt_lookup_score`` over one context that only
+    grows (a request's prompt and generated tokens: emitted tokens are never taken back)."""
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.max_ngram = max_ngram
+        self._tokens: list[int] = []
+        self._src: dict[tuple[int, ...], int] = {}
+        """n-gram -> where the continuation of its latest occurrence that has one starts"""
+        self._hit: list[bool] = []
+        """position -> the lookup from the tokens before it predicted it (position 0: False)"""
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append the context's next tokens."""
+        toks, src = self._tokens, self._src
+        for t in tokens:
+            j = len(toks)
+            match = self._match()
+            self._hit.append(match is not None and toks[match] == t)
+            for n in range(1, min(self.max_ngram, j) + 1):  # the n-grams ending at j - 1
+                src[tuple(toks[j - n:j])] = j  # now continue at j
+            toks.append(t)
+
+    def _match(self) -> int | None:
+        """Where the continuation of the latest earlier occurrence of the last n-gram starts."""
+        toks = self._tokens
+        for n in range(min(self.max_ngram, len(toks) - 1), 0, -1):
+            at = self._src.get(tuple(toks[-n:]))
+            if at is not None:
+                return at
+        return None
+
+    def propose(self, k: int) -> list[int]:
+        """``prompt_lookup(context, k)``."""
+        at = self._match()
+        if at is None:
+            return []
+        toks, out = self._tokens, []
+        for j in range(at, at + k):  # the copy may read what it appends
+            out.append(toks[j] if j < len(toks) else out[j - len(toks)])
+        return out
+
+    def score(self, start: int = 1, max_positions: int = 64) -> tuple[int, int]:
+        """``prompt_lookup_score(context, start, max_positions)``."""
+        n = len(self._tokens)
+        start = max(1, start, n - max_positions)
+        return sum(self._hit[start:n]), max(0, n - start)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from spin.engine.drafter import prompt_lookup
+from spin.engine.prompt_lookup import prompt_lookup
 from spin.zoo.acceptance import (PROMPT_LOOKUP, human_window_acceptance, teacher_forced_argmax,
                                  walk_steps)
 from spin.zoo.distill import greedy_continue

@@ -20,12 +20,9 @@ import torch
 
 from .kv_cache import RequestSlots
 from .model_runner import ForwardItem, ModelRunner
-from .prompt_lookup import prompt_lookup, prompt_lookup_score
+from .prompt_lookup import prompt_lookup
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
-
-__all__ = ["DraftRequest", "Drafter", "ModelDrafter", "PromptLookupDrafter", "prompt_lookup",
-           "prompt_lookup_score"]
 
 
 @dataclass(frozen=True)

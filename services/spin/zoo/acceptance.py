@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..engine.drafter import prompt_lookup
+from ..engine.prompt_lookup import prompt_lookup
 from .distill import greedy_continue
 
 PROMPT_LOOKUP = "prompt-lookup"

@@ -202,6 +202,17 @@ def test_predicted_draft_time_matches_the_cost_model() -> None:
         assert ctl.predicted_step_s(batch, ks) == pytest.approx(want)
 
 
+def test_solo_step_times_are_the_predicted_step_at_each_k() -> None:
+    cost = CostModel(verify=(1e-2, 1e-4, 1e-4, 1e-7, 1e-8),
+                     draft={"d": (1e-3, 2e-3, 1e-5, 1e-8, 5e-4)})
+    for cfg in (ControllerConfig(k_max=6), ControllerConfig(k_max=6, pipelined=True)):
+        ctl = SpecLengthController(cost, cfg)
+        for drafter in ("d", PROMPT_LOOKUP, "unknown"):
+            want = [ctl.predicted_step_s([("r", drafter, 300)], [k]) for k in range(1, 7)]
+            assert ctl.solo_step_s("r", drafter, 300).tolist() == pytest.approx(want)
+    assert math.isnan(SpecLengthController().solo_step_s("r", "d", 300)[0])
+
+
 def test_pipelining_allows_longer_speculation() -> None:
     cost = CostModel(verify=(1e-2, 0.0, 0.0, 0.0, 0.0), draft={"d": (0.0, 2e-3, 0.0, 0.0)})
     plain = _ctl(cost, {"d": 0.7}).choose(_batch(1))[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
@@ -163,26 +165,25 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         policy.close()
 
 
-def test_a_prompt_lookup_choice_carries_the_fitted_drafter_for_when_it_finds_no_match() -> None:
+def test_prompt_lookup_without_a_match_is_no_candidate_and_the_fitted_drafter_drafts() -> None:
     pop = {"draft-code": _stats(100, 200), "draft-prose": _stats(100, 200),
            PROMPT_LOOKUP: _stats(100, 380)}  # prompt lookup: the population's best by far
     policy = LearnedPolicy(cost=_cost(), population=lambda: pop)
     try:
-        (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
-        assert c.drafter == PROMPT_LOOKUP and c.instead is None  # no fit yet: nothing to name
+        (c,) = policy.choose([replace(_generated("p", 0), lookup_match=False)], DRAFTERS)
+        assert c.drafter is None and c.score  # its only candidate would not draft: a plain step
         policy.observe_score("p", "draft-prose", 60, 128)
         policy.observe_score("p", "draft-code", 20, 128)
         policy.observe("p", c, 0, 0.0, 0.080)
         (c,) = policy.choose([_generated("p", 1)], DRAFTERS)
-        assert c.drafter == PROMPT_LOOKUP and c.k > 0
-        assert c.instead is not None and c.instead.drafter == "draft-prose" and c.instead.k > 0
+        assert c.drafter == PROMPT_LOOKUP and c.k > 0  # it matches: the bandit's pick
         before = policy.selector.snapshot("p")
-        policy.observe("p", c.instead, c.instead.k, 0.004, 0.011)  # the router ran it instead
+        (c,) = policy.choose([replace(_generated("p", 2), lookup_match=False)], DRAFTERS)
+        assert c.drafter == "draft-prose" and c.k > 0  # no match: the fitted model drafts
+        policy.observe("p", c, c.k, 0.004, 0.011)
         after = policy.selector.snapshot("p")
         assert after["draft-prose"][1] == before["draft-prose"][1] + 1
         assert after[PROMPT_LOOKUP] == before[PROMPT_LOOKUP]  # no match is not its measure
-        (c,) = policy.choose([RequestView("p", 210, 10, 3, True)], DRAFTERS)
-        assert c.instead is None or c.instead.k <= 2  # clipped to the remaining tokens too
     finally:
         policy.close()
 

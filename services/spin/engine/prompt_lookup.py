@@ -1,10 +1,11 @@
 """Prompt lookup: drafting from the request's own context, no model.
 
 ``prompt_lookup`` proposes what followed the latest earlier occurrence of the context's last
-n-gram; ``prompt_lookup_score`` counts how well that predicts the context itself. Both scan the
-context. ``PromptLookupIndex`` gives the same answers for one growing context (a request in the
-router) at O(``max_ngram``) per new token: it keeps, per n-gram, where its latest occurrence's
-continuation starts, and per position whether the lookup predicted it.
+n-gram, scanning the context (offline users: the zoo's acceptance walk, ``PromptLookupDrafter``).
+``PromptLookupIndex`` gives the same proposals for one growing context (a request in the router)
+at O(``max_ngram``) per new token, and scores how well the lookup predicted the context itself:
+it keeps, per n-gram, where its latest occurrence's continuation starts, and per position
+whether the lookup from the tokens before it predicted it.
 """
 
 from __future__ import annotations
@@ -32,23 +33,9 @@ def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[in
     return []
 
 
-def prompt_lookup_score(context: Sequence[int], start: int = 1,
-                        max_positions: int = 64, max_ngram: int = 3) -> tuple[int, int]:
-    """How well prompt lookup predicts the context itself: (matches, positions) over positions
-    ``start`` on (at most the last ``max_positions``), each predicted by ``prompt_lookup`` from
-    the tokens before it."""
-    n = len(context)
-    start = max(1, start, n - max_positions)
-    matches = 0
-    for j in range(start, n):
-        found = prompt_lookup(context[:j], 1, max_ngram)
-        matches += bool(found) and found[0] == context[j]
-    return matches, max(0, n - start)
-
-
 class PromptLookupIndex:
-    """Incremental ``prompt_lookup`` and ``prompt_lookup_score`` over one context that only
-    grows (a request's prompt and generated tokens: emitted tokens are never taken back)."""
+    """Incremental ``prompt_lookup`` over one context that only grows (a request's prompt and
+    generated tokens: emitted tokens are never taken back), and its score on that context."""
 
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
@@ -66,8 +53,8 @@ class PromptLookupIndex:
         toks, src = self._tokens, self._src
         for t in tokens:
             j = len(toks)
-            match = self._match()
-            self._hit.append(match is not None and toks[match] == t)
+            at = self._match()
+            self._hit.append(at is not None and toks[at] == t)
             for n in range(1, min(self.max_ngram, j) + 1):  # the n-grams ending at j - 1
                 src[tuple(toks[j - n:j])] = j  # now continue at j
             toks.append(t)
@@ -81,6 +68,10 @@ class PromptLookupIndex:
                 return at
         return None
 
+    def has_match(self) -> bool:
+        """Whether ``propose`` would draft anything."""
+        return self._match() is not None
+
     def propose(self, k: int) -> list[int]:
         """``prompt_lookup(context, k)``."""
         at = self._match()
@@ -92,7 +83,9 @@ class PromptLookupIndex:
         return out
 
     def score(self, start: int = 1, max_positions: int = 64) -> tuple[int, int]:
-        """``prompt_lookup_score(context, start, max_positions)``."""
+        """How well prompt lookup predicts the context itself: (matches, positions) over
+        positions ``start`` on (at most the last ``max_positions``), each predicted by
+        ``prompt_lookup`` from the tokens before it."""
         n = len(self._tokens)
         start = max(1, start, n - max_positions)
         return sum(self._hit[start:n]), max(0, n - start)

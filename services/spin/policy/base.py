@@ -28,10 +28,6 @@ class StepChoice:
     """Drafters (model drafters and prompt lookup) that should also score the request's own
     output this step: how well each predicts it, answered through ``Policy.observe_score``. A
     model drafter keeps the prefill for later drafts."""
-    instead: StepChoice | None = None
-    """For a prompt-lookup choice: what the request drafts with when the lookup finds no match
-    this step (a model drafter and its k), so the step still speculates. The router reports the
-    choice it ran to ``Policy.observe``."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +64,9 @@ class RequestView:
     """The client's drafter for mode 'drafter'."""
     k: int = 0
     """The client's k for mode 'drafter' (0 = the policy's)."""
+    lookup_match: bool = True
+    """Prompt lookup finds a match in the request's context now, so it would draft this step
+    (the router looks before it asks)."""
 
 
 class Policy(Protocol):

@@ -341,6 +341,19 @@ class SpecLengthController:
         return ({n: float(t) for n, t, a in zip(bt.names, drafts, act) if a > 0},
                 bt.verify((k + 1).sum()))
 
+    def solo_step_s(self, request_id: str, drafter: str, context_len: int) -> np.ndarray:
+        """Predicted seconds of a step of this request alone at k = 1..k_max, shape [k_max]
+        (``predicted_step_s`` for each k at once); NaN without a cost model."""
+        ks = np.arange(1, self.cfg.k_max + 1, dtype=float)                       # [k_max]
+        if self.cost is None:
+            return np.full(len(ks), math.nan)
+        bt = self._batch([(request_id, drafter, context_len)])
+        one = np.ones_like(ks)
+        draft = (bt.draft_time(0, ks, one, ks, ks * context_len) if bt.eligible[0]
+                 else np.zeros_like(ks))
+        verify = np.array([bt.verify(k + 1) for k in ks])
+        return _step_s(draft, verify, self.cfg.pipelined)
+
     def step_s(self, draft_s: dict[str, float], verify_s: float) -> float:
         """Step seconds from its parts (the drafters' calls run concurrently)."""
         return float(_step_s(max(draft_s.values(), default=0.0), verify_s, self.cfg.pipelined))

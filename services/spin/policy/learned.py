@@ -13,11 +13,11 @@ Per step, for the running batch:
 
 A step in which the bandit's drafter did not speculate (the controller chose k = 0 for it, or
 prompt lookup found no match) still rewards that drafter, with the one token such a step yields,
-so the bandit moves on instead of keeping a drafter that never drafts. Two fallbacks keep such
-steps rare: a drafter given k = 0 makes the request try its next-best drafter (by posterior mean)
-through the controller once more; and a prompt-lookup choice carries the next-best *model*
-drafter and its k (``StepChoice.instead``), which the router runs when the lookup finds no match.
-That step rewards the model drafter, so prompt lookup's value is what it earns when it matches.
+so the bandit moves on instead of keeping a drafter that never drafts; and in that step the
+request first tries its next-best drafter (by posterior mean) through the controller once more.
+Prompt lookup is no candidate in a step in which it would find no match (the router looks first,
+``RequestView.lookup_match``), so its value is what it earns when it matches, and such a step
+drafts with the request's model drafter instead of yielding one token.
 
 **Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
 the prompt instead: it prefills it (a prefill it reuses later) and counts the prompt tokens equal
@@ -60,7 +60,6 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from .cost_model import CostModel
@@ -127,28 +126,29 @@ class LearnedPolicy:
         self._stop.set()
 
     def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
-        cands = {r.request_id: self._candidates(r, available) for r in requests
-                 if r.mode == "auto"}
+        cands = {r.request_id: self._candidates(r, available)
+                 - (set() if r.lookup_match else {PROMPT_LOOKUP})
+                 for r in requests if r.mode == "auto"}
         drafters: list[str | None] = []
         for r in requests:
             if r.mode == "off":
                 drafters.append(None)
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
-            else:
+            elif cands[r.request_id]:
                 drafters.append(self.selector.choose(r.request_id, cands[r.request_id]))
                 self._chosen[r.request_id] = drafters[-1]
+            else:  # its only candidate is prompt lookup, which has no match
+                drafters.append(None)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
         # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
         ks = self.controller.choose(batch, prefill) if auto else [0] * len(requests)
-        instead: dict[int, StepChoice] = {}
         if auto and self.cfg.fallback:
             ks = self._fallback(requests, drafters, batch, ks, cands, prefill)
-            instead = self._no_match(requests, drafters, batch, ks, cands, prefill)
         out = []
-        for i, (r, d, k) in enumerate(zip(requests, drafters, ks)):
+        for r, d, k in zip(requests, drafters, ks):
             if r.mode == "drafter" and r.k:
                 k = r.k
             elif d is not None and k == 0 and self._idle.get(r.request_id, 0) >= self.cfg.probe_every:
@@ -171,10 +171,7 @@ class LearnedPolicy:
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
-            alt = instead.get(i)
-            if alt is not None:
-                alt = replace(alt, k=min(alt.k, r.remaining - 1)) if r.remaining > 1 else None
-            out.append(StepChoice(d, k, score=score, instead=alt) if d is not None and k > 0
+            out.append(StepChoice(d, k, score=score) if d is not None and k > 0
                        else StepChoice(None, score=score))
         self.last_prediction = None
         if auto and self.controller.cost is not None:
@@ -225,8 +222,7 @@ class LearnedPolicy:
                 batch[i] = (r.request_id, swapped[i], batch[i][2])
         return out
 
-    def _next_best(self, r: RequestView, current: str, cands: set[str],
-                   models_only: bool = False) -> str | None:
+    def _next_best(self, r: RequestView, current: str, cands: set[str]) -> str | None:
         """The request's best candidate but ``current`` by posterior mean; None before its prompt
         fit or scores (its next-best would be a guess)."""
         if (self.cfg.score_after and r.request_id not in self._scored
@@ -234,25 +230,8 @@ class LearnedPolicy:
             return None
         ranked = sorted(((mean, name) for name, (mean, _) in
                          self.selector.snapshot(r.request_id).items()
-                         if name in cands and name != current
-                         and not (models_only and name == PROMPT_LOOKUP)), reverse=True)
+                         if name in cands and name != current), reverse=True)
         return ranked[0][1] if ranked else None
-
-    def _no_match(self, requests: list[RequestView], drafters: list[str | None],
-                  batch: list[tuple[str, str | None, int]], ks: list[int],
-                  cands: dict[str, set[str]], prefill: int) -> dict[int, StepChoice]:
-        """For each auto request drafting with prompt lookup: its next-best model drafter and the
-        k the controller gives it, drafted instead when the lookup finds no match (a plain step
-        would yield one token). Index in ``requests`` -> ``StepChoice``."""
-        alts = {i: self._next_best(r, PROMPT_LOOKUP, cands[r.request_id], models_only=True)
-                for i, r in enumerate(requests)
-                if r.mode == "auto" and drafters[i] == PROMPT_LOOKUP and ks[i] > 0}
-        alts = {i: d for i, d in alts.items() if d is not None}
-        if not alts:
-            return {}
-        alt_k = self.controller.choose([(rid, alts.get(i, d), c)
-                                        for i, (rid, d, c) in enumerate(batch)], prefill)
-        return {i: StepChoice(d, alt_k[i]) for i, d in alts.items() if alt_k[i] > 0}
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
@@ -293,15 +272,14 @@ class LearnedPolicy:
     def _prior_from_rate(self, request_id: str, drafter: str, rate: float, ctx: int) -> None:
         """The request's bandit prior of ``drafter``: the goodput the cost model predicts at the
         best k for acceptance ``rate``, worth ``score_trials`` steps."""
-        best = 0.0
-        for k in range(1, self.controller.cfg.k_max + 1):
-            step_s = self.controller.predicted_step_s([(request_id, drafter, ctx)], [k])
-            if not step_s > 0.0:  # no cost model: rescale the population prior instead
-                pop = self.controller.tracker.prior(drafter)
-                self.selector.scale_prior(request_id, drafter,
-                                          expected_tokens(rate, 4) / expected_tokens(pop, 4))
-                return
-            best = max(best, expected_tokens(rate, k) / step_s)
+        steps = self.controller.solo_step_s(request_id, drafter, ctx)             # [k_max]
+        if not (steps > 0.0).all():  # no cost model: rescale the population prior instead
+            pop = self.controller.tracker.prior(drafter)
+            self.selector.scale_prior(request_id, drafter,
+                                      expected_tokens(rate, 4) / expected_tokens(pop, 4))
+            return
+        best = max((expected_tokens(rate, k) / t for k, t in enumerate(steps.tolist(), 1)),
+                   default=0.0)
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],

@@ -182,14 +182,13 @@ class Scheduler:
             available.add(PROMPT_LOOKUP)
         views = [RequestView(r.request_id, r.context_len, len(r.generated),
                              r.max_tokens - len(r.generated), r.sampling.greedy, r.mode,
-                             r.drafter, r.k) for r in reqs]
+                             r.drafter, r.k,
+                             lookup_match=self.cfg.prompt_lookup and r.lookup_index().has_match())
+                 for r in reqs]
         choices = self.policy.choose(views, available)
         prediction = getattr(self.policy, "last_prediction", None)  # this lane's, read at once
         tracing.start_steps(reqs, choices)  # no-op unless tracing is on
-        chosen = list(choices)
         trees, draft_s, scoring = await self._draft(reqs, choices)
-        if choices != chosen:  # a drafter ran instead of prompt lookup: not the step predicted
-            prediction = None
         t1 = time.perf_counter()
         # scoring calls do not feed this step's trees: they run while the verifier works
         scored = asyncio.gather(*(self._draft_one(n, g) for n, g in scoring.items()))
@@ -245,14 +244,12 @@ class Scheduler:
                      ) -> tuple[dict[str, token_tree_pb2.TokenTree], dict[str, float],
                                 dict[str, list[tuple[RouterRequest, StepChoice]]]]:
         """Trees per request id (only for requests that got one), draft seconds per drafter, and
-        the scoring tasks per model drafter (for the caller to send while verifying). A prompt
-        lookup that finds no match runs the choice's ``instead``, which replaces it in
-        ``choices``."""
+        the scoring tasks per model drafter (for the caller to send while verifying)."""
         trees: dict[str, token_tree_pb2.TokenTree] = {}
         seconds: dict[str, float] = {}
         groups: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
         scoring: dict[str, list[tuple[RouterRequest, StepChoice]]] = collections.defaultdict(list)
-        for i, (r, c) in enumerate(zip(reqs, choices)):
+        for r, c in zip(reqs, choices):
             for name in c.score:  # the policy's probe of how well each drafter predicts r
                 if name == c.drafter:
                     continue  # this step measures it for real
@@ -270,14 +267,6 @@ class Scheduler:
                 if found:
                     trees[r.request_id] = _chain(found)
                 seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start
-                alt = c.instead
-                if (not found and alt is not None and alt.drafter in self.drafters
-                        and self.drafters[alt.drafter].available):
-                    choices[i] = alt  # no match: the policy's model drafter drafts instead
-                    groups[alt.drafter].append((r, alt))
-                    rest = [t for t in scoring.pop(alt.drafter, []) if t[0] is not r]
-                    if rest:  # it measures the request for real: no score of it this step
-                        scoring[alt.drafter] = rest
             elif c.drafter in self.drafters:
                 groups[c.drafter].append((r, c))
         names = set(groups) | {n for n, ids in self._release.items()  # releases ride along

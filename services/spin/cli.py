@@ -324,8 +324,9 @@ def _bench_fit(args: argparse.Namespace) -> int:
     print(f"{r['prompts']} held-out prompts; which drafter has the best acceptance on the "
           f"target's output, picked by:")
     for signal, v in r["signals"].items():
-        print(f"  {signal:13s} {v['hits']:4d} hits, mean acceptance lost "
-              f"{v['mean_acceptance_lost']:.3f}")
+        switched = f" ({v['switched']} switched)" if "switched" in v else ""
+        print(f"  {signal:24s} {v['hits']:4d} hits, mean acceptance lost "
+              f"{v['mean_acceptance_lost']:.3f}{switched}")
     print("acceptance (greedy agreement with the target's output): all requests | requests the "
           "drafter fits best by prompt")
     for name, v in r["acceptance"].items():

@@ -188,6 +188,47 @@ def test_prompt_lookup_without_a_match_is_no_candidate_and_the_fitted_drafter_dr
         policy.close()
 
 
+@pytest.mark.parametrize("code_fits", [True, False])
+def test_runner_ups_by_prompt_score_the_output_every_few_tokens_and_may_take_over(
+        code_fits: bool) -> None:
+    policy = LearnedPolicy(learned_config({"lookup_rescore": False}), cost=_cost())
+    every = policy.cfg.runner_up_every
+    (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+    policy.observe_score("p", "draft-prose", 62, 100)  # outside the near-tie margin (0.02),
+    policy.observe_score("p", "draft-code", 56, 100)  # inside the runner-up margin (0.1)
+    policy.observe("p", c, 0, 0.0, 0.080)
+    # the output: draft-prose accepts 1 token per step, draft-code predicts all (or 1 in 4)
+    rounds: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
+    g = last = 1
+    while g < 4 * every:
+        (c,) = policy.choose([_generated("p", g)], DRAFTERS)
+        runners = tuple(n for n in c.score if n != c.drafter and n != PROMPT_LOOKUP
+                        and n not in policy.fit.fitting("p"))
+        if runners:
+            rounds.append((g, runners, policy.fit.fitting("p")))
+        for name in set(c.score) - {c.drafter}:
+            n = g - last if name in runners else 4  # a runner-up scores since its last call
+            good = name == "draft-code" and code_fits
+            policy.observe_score("p", name, n if good else n // 4, n)
+        if runners:
+            last = g
+        code = c.drafter == "draft-code" and code_fits
+        accepted = c.k if code else min(1, c.k)
+        policy.observe("p", c, accepted, 0.004 if c.k else 0.0, 0.011)
+        g += accepted + 1
+    assert [r[0] for r in rounds] == sorted(r[0] for r in rounds)
+    assert rounds[0][0] >= every and len(rounds) >= 2
+    assert all(b[0] - a[0] >= every for a, b in zip(rounds, rounds[1:]))  # every 12 tokens
+    if code_fits:  # draft-code took over at the first round; draft-prose is now the runner-up
+        assert rounds[0][1:] == (("draft-code",), ("draft-prose",))
+        assert rounds[1][1:] == (("draft-prose",), ("draft-code",))
+        assert policy.fit.fitting("p") == ("draft-code",)
+    else:
+        assert all(r[1:] == (("draft-code",), ("draft-prose",)) for r in rounds)
+    (c,) = policy.choose([replace(_generated("p", g), lookup_match=False)], DRAFTERS)
+    assert c.drafter == ("draft-code" if code_fits else "draft-prose")
+
+
 def test_scoring_rounds_are_spaced_and_bounded() -> None:
     policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 10,
                                            "lookup_rescore": False}), cost=_cost())
@@ -211,6 +252,8 @@ def test_prompt_lookup_rescores_the_new_tokens_and_its_prior_follows_the_recent_
         if c.drafter == PROMPT_LOOKUP:
             break
         assert c.score == (PROMPT_LOOKUP,)  # every step, while another drafter drafts
+        # in the router, before the verification: which the step still calibrates
+        assert policy.last_prediction is not None and policy.last_prediction.scoring == set()
         policy.observe("r", c, c.k, 0.004, 0.011)
         policy.observe_score("r", PROMPT_LOOKUP, 4, 4)  # now it does: a loop
         priors.append(policy.controller.tracker.get("r", PROMPT_LOOKUP))
@@ -244,3 +287,39 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
                         {"draft-code": 0.006}, 0.040)
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 2 * 0.1 * 0.002)
+    assert policy.scoring_cost.steps == 0  # it fed no tokens: prompt lookup, say, scored
+
+
+def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_showed_it() -> None:
+    policy = LearnedPolicy(cost=_cost())
+
+    def first_step(rid: str) -> StepPrediction:
+        (c,) = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
+        assert set(c.score) == {"draft-code", "draft-prose"}
+        assert policy.last_prediction is not None
+        return policy.last_prediction
+
+    pred = first_step("a")
+    assert pred.scoring_work == (2, 600)  # both drafters prefill the 300-token prompt
+    assert pred.scoring_s == 0.0  # nothing learned yet
+    for i in range(4):  # served: each such step took 30 ms more than its verification alone
+        policy.observe_step(pred, {}, pred.verify_s + 0.030)
+        policy.release("a")
+        pred = first_step("a")
+    assert pred.scoring_s == pytest.approx(0.030, rel=0.05)
+    assert pred.step_s == pytest.approx(policy.controller.step_s(pred.draft_s, pred.verify_s)
+                                        + pred.scoring_s)
+    # later steps feed the scoring drafters only the tokens they have not seen
+    policy.observe_score("a", "draft-code", 60, 128)
+    policy.observe_score("a", "draft-prose", 55, 128)  # a runner-up
+    policy.observe("a", StepChoice(PROMPT_LOOKUP, 4), 0, 0.0, 0.08)
+    works = []
+    for g in range(1, 40):
+        (c,) = policy.choose([RequestView("a", 300 + g, g, 100 - g, True)], DRAFTERS)
+        assert policy.last_prediction is not None
+        works.append((g, c.score, policy.last_prediction.scoring_work))
+        policy.observe("a", c, 0, 0.0, 0.011)
+    # the runner-up rounds: draft-prose is fed the output since it last scored
+    prose = [(g, w) for g, s, w in works if "draft-prose" in s]
+    every = policy.cfg.runner_up_every
+    assert prose == [(every, (1, every)), (2 * every, (1, every)), (3 * every, (1, every))]

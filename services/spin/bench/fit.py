@@ -12,20 +12,25 @@ following it, and each drafter's mean acceptance over all requests vs over those
 The signal ``prompt_record`` is what the router's prompt fit does (``PromptFit``): prompt
 agreement, with drafters close to the best ranked by their record on the earlier requests they
 fitted. The requests are taken in a fixed shuffled order (a mixed workload) and the record is
-built as they go, from each fitted drafter's acceptance on the output.
+built as they go, from each fitted drafter's acceptance on the output. The signal
+``prompt_record_runner_up`` adds the learned policy's runner-up rounds (``LearnedPolicyConfig.
+runner_up_every``): every that many output tokens, a drafter within the margin of the best prompt
+agreement that predicted the tokens since the last round better than the drafter in use, by more
+than the switch margin, drafts the next ones; acceptance lost is over the whole output.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..policy.learned_config import LearnedPolicyConfig
 from ..policy.prompt_fit import PromptFit
 from ..zoo.corpus import heldout_prompts
 from ..zoo.report import family_members
@@ -33,6 +38,7 @@ from ..zoo.specs import FAMILY_DIR
 
 SIGNALS = ("prompt", "early_output")
 RECORD_SIGNAL = "prompt_record"
+RUNNER_UP_SIGNAL = "prompt_record_runner_up"
 
 
 @dataclass
@@ -40,6 +46,7 @@ class FitBenchConfig:
     """What the prompt-fit benchmark measures."""
 
     family_dir: Path = FAMILY_DIR
+    """The model family (target and draft models)."""
     prompts: int = 0
     """Held-out prompts to use, spread over the domains (0 = all)."""
     new_tokens: int = 64
@@ -50,6 +57,8 @@ class FitBenchConfig:
     """Output tokens the early-output signal sees."""
     threads: int = 2
     """Torch threads."""
+    policy: LearnedPolicyConfig = field(default_factory=LearnedPolicyConfig)
+    """Whose prompt-fit margins and runner-up check the replayed signals follow."""
 
 
 def _agreement(logits: torch.Tensor, ids: torch.Tensor, lo: int, hi: int) -> float:
@@ -74,24 +83,29 @@ def run_fit_bench(cfg: FitBenchConfig) -> dict:
         step = max(1, len(rows) // cfg.prompts)
         rows = rows[::step][:cfg.prompts]
     per_request = []
+    every = cfg.policy.runner_up_every or cfg.new_tokens
     for row in tqdm(rows, desc="prompts", unit="prompt"):
         ids = tok(row["prompt"], return_tensors="pt").input_ids                   # [1, P]
         p = ids.shape[1]
         full = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                max_new_tokens=cfg.new_tokens, pad_token_id=tok.eos_token_id)[0]
         n = full.shape[0]
-        rec: dict = {"domain": row["domain"], "prompt_tokens": p, "drafters": {}}
+        rec: dict = {"domain": row["domain"], "prompt_tokens": p, "drafters": {},
+                     "windows": [min(every, n - lo) for lo in range(p, n, every)]}
         for name, model in drafters.items():
             logits = model(full[None]).logits[0]                                   # [n, V]
             rec["drafters"][name] = {
                 "output": _agreement(logits, full, p, n),
                 "prompt": _agreement(logits, full, max(1, p - cfg.prompt_positions), p),
-                "early_output": _agreement(logits, full, p, min(n, p + cfg.early_positions))}
+                "early_output": _agreement(logits, full, p, min(n, p + cfg.early_positions)),
+                "windows": [_agreement(logits, full, lo, min(n, lo + every))
+                            for lo in range(p, n, every)]}
         per_request.append(rec)
-    return summarize(per_request, names)
+    return summarize(per_request, names, cfg.policy)
 
 
-def summarize(per_request: list[dict], names: list[str]) -> dict:
+def summarize(per_request: list[dict], names: list[str],
+              policy: LearnedPolicyConfig | None = None) -> dict:
     """Hits and acceptance lost per signal, and acceptance over all vs best-fit requests."""
     report: dict = {"prompts": len(per_request), "signals": {}, "acceptance": {}}
     for signal in SIGNALS:
@@ -103,7 +117,10 @@ def summarize(per_request: list[dict], names: list[str]) -> dict:
             hits += best == pick
             lost.append(d[best]["output"] - d[pick]["output"])
         report["signals"][signal] = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
-    report["signals"][RECORD_SIGNAL] = _with_record(per_request, names)
+    policy = policy or LearnedPolicyConfig()
+    report["signals"][RECORD_SIGNAL] = _with_record(per_request, names, policy)
+    report["signals"][RUNNER_UP_SIGNAL] = _with_record(per_request, names, policy,
+                                                       runner_up=True)
     for name in names:
         fitted = [rec["drafters"][name]["output"] for rec in per_request
                   if max(names, key=lambda n: rec["drafters"][n]["prompt"]) == name]
@@ -115,24 +132,41 @@ def summarize(per_request: list[dict], names: list[str]) -> dict:
     return report
 
 
-def _with_record(per_request: list[dict], names: list[str], seed: int = 0,
-                 positions: int = 10_000, trials: int = 64) -> dict:
+def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolicyConfig,
+                 runner_up: bool = False, seed: int = 0, positions: int = 10_000) -> dict:
     """Hits and acceptance lost of ``PromptFit``'s choice, the requests in a shuffled order;
-    each fitted request adds ``trials`` draft tokens at its output agreement to the record."""
-    fit = PromptFit()
+    each fitted request adds its output tokens at the fitted drafter's agreement to the record.
+    With ``runner_up``, the policy's runner-up rounds may hand windows of the output to another
+    drafter (``LearnedPolicy._judge``); hits then count the drafter of the last window."""
+    fit = PromptFit(margin=policy.fit_margin, rank_margin=policy.fit_rank_margin)
     order = list(range(len(per_request)))
     random.Random(seed).shuffle(order)
-    hits, lost = 0, []
+    hits, lost, switched = 0, [], 0
     for i in order:
-        d = per_request[i]["drafters"]
+        rec = per_request[i]
+        d = rec["drafters"]
         rid = str(i)
         for n in names:
             fit.observe_prompt(rid, n, round(d[n]["prompt"] * positions), positions)
-        pick = fit.fitting(rid)[0]
+        cur = fit.fitting(rid)[0]
+        sizes = rec["windows"]  # output tokens per window
+        acceptance = 0.0
+        for w, size in enumerate(sizes):
+            got = size * d[cur]["windows"][w]
+            acceptance += got
+            fit.record(rid, cur, got, size - got)
+            # a round after the window, as the router: when more than a window's tokens remain
+            if not runner_up or sum(sizes[w + 1:]) <= policy.runner_up_every:
+                continue
+            for n in fit.runners_up(rid, policy.runner_up_margin):
+                if d[n]["windows"][w] > d[cur]["windows"][w] + policy.runner_up_switch:
+                    fit.promote(rid, n)
+                    switched += 1
+                    cur = n
+                    break
         best = max(names, key=lambda n: d[n]["output"])
-        hits += best == pick
-        lost.append(d[best]["output"] - d[pick]["output"])
-        accepted = d[pick]["output"] * trials
-        fit.record(rid, pick, accepted, trials - accepted)
+        hits += best == cur
+        lost.append(d[best]["output"] - acceptance / max(1, sum(sizes)))
         fit.release(rid)
-    return {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    out = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    return {**out, "switched": switched} if runner_up else out

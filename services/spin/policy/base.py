@@ -35,14 +35,19 @@ class StepPrediction:
     """The cost model's account of one chosen step (``Policy.last_prediction``)."""
 
     step_s: float
-    """Predicted step seconds: drafting + verification (their max when pipelined)."""
+    """Predicted step seconds: drafting + verification + ``scoring_s`` (drafting and the rest
+    overlap when pipelined)."""
     draft_s: dict[str, float]
     """Predicted seconds of each drafter's call (drafters with a drafting request only)."""
     verify_s: float
     """Predicted seconds of the verification call."""
     scoring: frozenset[str] = frozenset()
-    """Drafters scoring requests this step, during the verification: work the model does not
-    count."""
+    """Model drafters scoring requests this step, during the verification: work the cost model
+    does not count (prompt lookup scores in the router, before it)."""
+    scoring_work: tuple[int, int] = (0, 0)
+    """(calls, tokens fed) of the model drafters' scoring calls."""
+    scoring_s: float = 0.0
+    """Predicted seconds those calls add to the verification (in ``step_s``, not ``verify_s``)."""
 
 
 @dataclass(frozen=True)

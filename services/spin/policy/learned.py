@@ -28,6 +28,14 @@ from then on the request's bandit chooses between the best-fitting drafter and p
 only, and the best-fitting drafter starts from what the drafters that fitted earlier requests
 achieved. The first step earns no bandit reward: its time is the target's prefill.
 
+**Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly: a general model
+may predict a structured prompt as well as the specialist and accept far less on the output, and
+a request's output may change its kind as it goes. Every ``runner_up_every`` generated tokens the
+model drafters that came within ``runner_up_margin`` of the best prompt agreement score the tokens
+since their last call (their cache holds the rest). One that predicted those tokens better than the
+best-fitting drafter accepted on its own steps meanwhile, by more than ``runner_up_switch``, fits
+the request from then on (the one it replaces becomes a runner-up).
+
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them the same way (prompt lookup in the router). With greedy decoding a draft token is
 accepted exactly when it equals the target's token, so agreement on the target's own output *is*
@@ -48,7 +56,8 @@ reports each drafter call's seconds and the rest of the step (``observe_step``),
 controller moves each part's per-call constant a tenth of its error, so predicted step times (and
 the k chosen from them) follow the deployment. Scoring calls run during the verification (the
 router sends them after drafting), so a step that scored calibrates its drafters but not its
-verification.
+verification: it fits what the scoring calls add to the step instead (``scoring_cost.py``), which
+the prediction of a step that scores includes.
 
 A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
 so its acceptance estimate can recover (the controller alone would never observe it again).
@@ -66,6 +75,7 @@ from .cost_model import CostModel
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
 from .prompt_fit import PromptFit
+from .scoring_cost import ScoringCost
 from .selector import DraftSelector, population_from_stats
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
@@ -98,6 +108,18 @@ class LearnedPolicy:
         """Requests whose best-fitting drafter has been seeded."""
         self._prefill: set[str] = set()
         """Requests whose step being verified prefills the target (no bandit reward)."""
+        self._next_round: dict[str, int] = {}
+        """request id -> generated tokens at which its next runner-up round is due"""
+        self._runners: dict[str, tuple[set[str], dict[str, list[float]]]] = {}
+        """request id -> (runner-ups whose score is still to come, the drafters' own steps in
+        the window they score)"""
+        self._fed: dict[str, dict[str, int]] = {}
+        """request id -> model drafter -> context length it was last fed (drafting or scoring)"""
+        self.scoring_cost = ScoringCost()
+        """What scoring calls add to a step (``scoring_cost.py``), in ``last_prediction``."""
+        self._own: dict[str, dict[str, list[float]]] = {}
+        """request id -> drafter -> [accepted, rejected] draft tokens of its steps since the
+        request's last runner-up round"""
         self.last_prediction: StepPrediction | None = None
         """The cost model's account of the step last chosen (None without a cost model or when
         no request is in mode auto); read it right after ``choose``."""
@@ -168,18 +190,42 @@ class LearnedPolicy:
             elif (rounds and self.cfg.lookup_rescore and d != PROMPT_LOOKUP
                   and PROMPT_LOOKUP in cands[r.request_id]):
                 score = (PROMPT_LOOKUP,)
+            if r.mode == "auto":
+                score = tuple(sorted({*score, *self._runners_up(r, available)}))
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
             out.append(StepChoice(d, k, score=score) if d is not None and k > 0
                        else StepChoice(None, score=score))
+        names, work = self._scoring_work(requests, out)
         self.last_prediction = None
         if auto and self.controller.cost is not None:
             drafts, verify = self.controller.predicted_parts(batch, [c.k for c in out], prefill)
+            extra = self.scoring_cost.predict(*work)
             self.last_prediction = StepPrediction(
-                self.controller.step_s(drafts, verify), drafts, verify,
-                frozenset(n for c in out for n in c.score))
+                self.controller.step_s(drafts, verify + extra), drafts, verify, names, work,
+                extra)
         return out
+
+    def _scoring_work(self, requests: list[RequestView], out: list[StepChoice],
+                      ) -> tuple[frozenset[str], tuple[int, int]]:
+        """The model drafters that score beside the verification this step, and (calls, tokens
+        fed) of their calls: each feeds the tokens its drafter has not seen yet (the whole prompt
+        at a request's first step). Prompt lookup scores in the router before the verification;
+        a request's own drafter drafts instead."""
+        names: set[str] = set()
+        calls = tokens = 0
+        for r, c in zip(requests, out):
+            fed = self._fed.setdefault(r.request_id, {})
+            for name in c.score:
+                if name != PROMPT_LOOKUP and name != c.drafter:
+                    names.add(name)
+                    calls += 1
+                    tokens += r.context_len - fed.get(name, 0)
+                    fed[name] = r.context_len
+            if c.drafter is not None and c.drafter != PROMPT_LOOKUP:
+                fed[c.drafter] = r.context_len
+        return frozenset(names), (calls, tokens)
 
     def _candidates(self, r: RequestView, available: set[str]) -> set[str]:
         """The drafters the request's bandit chooses from: prompt lookup while the model drafters
@@ -200,6 +246,41 @@ class LearnedPolicy:
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
         return set(fitting) | (available & {PROMPT_LOOKUP})
+
+    def _runners_up(self, r: RequestView, available: set[str]) -> tuple[str, ...]:
+        """The model drafters that came close to the request's best-fitting one by prompt
+        agreement, to score the output when a runner-up round is due (see ``_judge``); ()
+        otherwise."""
+        rid, every = r.request_id, self.cfg.runner_up_every
+        if (not every or rid not in self._scored or r.remaining <= every
+                or r.generated < self._next_round.get(rid, every)):
+            return ()
+        self._next_round[rid] = r.generated + every
+        runners = tuple(n for n in self.fit.runners_up(rid, self.cfg.runner_up_margin)
+                        if n in available)
+        own = self._own.pop(rid, {})  # the best-fitting drafter's steps since the last round
+        if runners:
+            self._runners[rid] = (set(runners), own)
+        return runners
+
+    def _judge(self, request_id: str, runner: str, agreement: float) -> None:
+        """A runner-up that predicted the tokens since its last call better than the best-fitting
+        drafter accepted on its own steps meanwhile (its acceptance estimate when it made none),
+        by more than ``runner_up_switch``, takes its place."""
+        fitting = self.fit.fitting(request_id)
+        pending = self._runners.get(request_id)
+        if not fitting or pending is None or runner not in pending[0]:
+            return
+        pending[0].discard(runner)
+        best = fitting[0]
+        accepted, rejected = pending[1].get(best, (0.0, 0.0))
+        rate = (accepted / (accepted + rejected) if accepted + rejected
+                else self.controller.tracker.get(request_id, best))
+        if agreement > rate + self.cfg.runner_up_switch:
+            log.debug("request %s: %s fits better than %s (%.2f against %.2f)", request_id,
+                      runner, best, agreement, rate)
+            self.fit.promote(request_id, runner)
+            pending[0].clear()  # one switch per round
 
     def _fallback(self, requests: list[RequestView], drafters: list[str | None],
                   batch: list[tuple[str, str | None, int]], ks: list[int],
@@ -249,6 +330,9 @@ class LearnedPolicy:
         self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
         self.controller.observe(request_id, choice.drafter, choice.k, accepted)
         self.fit.record(request_id, choice.drafter, accepted, float(accepted < choice.k))
+        own = self._own.setdefault(request_id, {}).setdefault(choice.drafter, [0.0, 0.0])
+        own[0] += accepted
+        own[1] += float(accepted < choice.k)
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """Seed the request's acceptance estimate and bandit prior of ``drafter`` from its
@@ -268,6 +352,7 @@ class LearnedPolicy:
         total[1] = keep * total[1] + positions
         self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
                               self._ctx.get(request_id, 0))
+        self._judge(request_id, drafter, matches / positions)
 
     def _prior_from_rate(self, request_id: str, drafter: str, rate: float, ctx: int) -> None:
         """The request's bandit prior of ``drafter``: the goodput the cost model predicts at the
@@ -286,16 +371,23 @@ class LearnedPolicy:
                      verify_s: float) -> None:
         """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); the
         verification is left out when drafters scored requests meanwhile (it shared the machine
-        with work the model does not count)."""
+        with work the model does not count): that step fits what scoring adds
+        (``scoring_cost.py``) instead."""
         self.controller.calibrate(prediction.draft_s,
                                   math.nan if prediction.scoring else prediction.verify_s,
                                   draft_s, verify_s)
+        if prediction.scoring_work[0]:  # what the scoring calls added to the verification
+            self.scoring_cost.observe(*prediction.scoring_work, verify_s - prediction.verify_s)
 
     def release(self, request_id: str) -> None:
         self._scored.pop(request_id, None)
         self._agreement.pop(request_id, None)
         self._fitted.discard(request_id)
         self._prefill.discard(request_id)
+        self._next_round.pop(request_id, None)
+        self._runners.pop(request_id, None)
+        self._own.pop(request_id, None)
+        self._fed.pop(request_id, None)
         self.fit.release(request_id)
         self._ctx.pop(request_id, None)
         self.selector.release(request_id)

@@ -47,6 +47,18 @@ class LearnedPolicyConfig:
     """Model drafters whose prompt agreement is within this of the best's are ranked by how they
     did on the earlier requests they fitted (``PromptFit.rank_margin``; ``spin bench fit``,
     signal ``prompt_record``)."""
+    runner_up_every: int = 12
+    """Generated tokens between runner-up rounds: the model drafters that came within
+    ``runner_up_margin`` of the best prompt agreement, but do not fit the request, score the
+    output since their last call, and one may take over (module doc); 0 = never. A round is
+    sent only while more than this many tokens remain."""
+    runner_up_margin: float = 0.1
+    """How close to the best prompt agreement a runner-up is."""
+    runner_up_switch: float = 0.15
+    """A runner-up whose agreement with the tokens since its last call beats the best-fitting
+    drafter's acceptance on its own steps meanwhile by more than this fits the request best
+    from then on (``PromptFit.promote``). ``spin bench fit``, signal ``prompt_record_runner_up``,
+    replays the rounds over 144 held-out prompts."""
     fit_trials: float = 8.0
     """Weight, in draft tokens, of that seed in the request's acceptance estimate."""
     score_trials: float = 4.0

@@ -23,6 +23,10 @@ requests it fitted
 router), not from its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the
 code, prose and structured drafters on the requests they fit best, against 0.60, 0.53 and 0.31
 on all).
+
+Drafters that came close behind by prompt agreement (``runners_up``) score the request's output
+now and then in the learned policy, and one that predicts it clearly better takes the best-fitting
+drafter's place (``promote``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,23 @@ class PromptFit:
         within ``rank_margin`` of the best agreement, then by agreement those within ``margin``
         of its agreement; () until two or more have scored its prompt."""
         return self._fitting.get(request_id, ())
+
+    def runners_up(self, request_id: str, margin: float) -> tuple[str, ...]:
+        """The drafters that do not fit the request but came within ``margin`` of the best
+        prompt agreement, best first; () before it has a best-fitting drafter."""
+        agreement = self._agreement.get(request_id, {})
+        fitting = self.fitting(request_id)
+        if not fitting:
+            return ()
+        top = max(agreement.values())
+        return tuple(n for a, n in sorted(((a, n) for n, a in agreement.items()), reverse=True)
+                     if n not in fitting and a >= top - margin)
+
+    def promote(self, request_id: str, drafter: str) -> None:
+        """``drafter`` fits the request best from now on, in place of the best-fitting one (its
+        agreement with the request's output showed it); the others fitting stay after it."""
+        rest = self.fitting(request_id)[1:]
+        self._fitting[request_id] = (drafter, *(n for n in rest if n != drafter))
 
     def record(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
         """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted

@@ -41,11 +41,10 @@ class StepPrediction:
     """Predicted seconds of each drafter's call (drafters with a drafting request only)."""
     verify_s: float
     """Predicted seconds of the verification call."""
-    scoring: frozenset[str] = frozenset()
-    """Model drafters scoring requests this step, during the verification: work the cost model
-    does not count (prompt lookup scores in the router, before it)."""
     scoring_work: tuple[int, int] = (0, 0)
-    """(calls, tokens fed) of the model drafters' scoring calls."""
+    """(calls, tokens fed) of the model drafters' scoring calls this step, which run during the
+    verification: work the cost model does not count (prompt lookup scores in the router,
+    before it)."""
     scoring_s: float = 0.0
     """Predicted seconds those calls add to the verification (in ``step_s``, not ``verify_s``)."""
 

@@ -197,35 +197,32 @@ class LearnedPolicy:
                 self._prefill.add(r.request_id)
             out.append(StepChoice(d, k, score=score) if d is not None and k > 0
                        else StepChoice(None, score=score))
-        names, work = self._scoring_work(requests, out)
+        work = self._scoring_work(requests, out)
         self.last_prediction = None
         if auto and self.controller.cost is not None:
             drafts, verify = self.controller.predicted_parts(batch, [c.k for c in out], prefill)
             extra = self.scoring_cost.predict(*work)
             self.last_prediction = StepPrediction(
-                self.controller.step_s(drafts, verify + extra), drafts, verify, names, work,
-                extra)
+                self.controller.step_s(drafts, verify + extra), drafts, verify, work, extra)
         return out
 
     def _scoring_work(self, requests: list[RequestView], out: list[StepChoice],
-                      ) -> tuple[frozenset[str], tuple[int, int]]:
-        """The model drafters that score beside the verification this step, and (calls, tokens
-        fed) of their calls: each feeds the tokens its drafter has not seen yet (the whole prompt
-        at a request's first step). Prompt lookup scores in the router before the verification;
-        a request's own drafter drafts instead."""
-        names: set[str] = set()
+                      ) -> tuple[int, int]:
+        """(calls, tokens fed) of the model drafters scoring beside the verification this step:
+        each feeds the tokens its drafter has not seen yet (the whole prompt at a request's first
+        step). Prompt lookup scores in the router before the verification; a request's own
+        drafter drafts instead."""
         calls = tokens = 0
         for r, c in zip(requests, out):
             fed = self._fed.setdefault(r.request_id, {})
             for name in c.score:
                 if name != PROMPT_LOOKUP and name != c.drafter:
-                    names.add(name)
                     calls += 1
                     tokens += r.context_len - fed.get(name, 0)
                     fed[name] = r.context_len
             if c.drafter is not None and c.drafter != PROMPT_LOOKUP:
                 fed[c.drafter] = r.context_len
-        return frozenset(names), (calls, tokens)
+        return calls, tokens
 
     def _candidates(self, r: RequestView, available: set[str]) -> set[str]:
         """The drafters the request's bandit chooses from: prompt lookup while the model drafters
@@ -374,7 +371,7 @@ class LearnedPolicy:
         with work the model does not count): that step fits what scoring adds
         (``scoring_cost.py``) instead."""
         self.controller.calibrate(prediction.draft_s,
-                                  math.nan if prediction.scoring else prediction.verify_s,
+                                  math.nan if prediction.scoring_work[0] else prediction.verify_s,
                                   draft_s, verify_s)
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification
             self.scoring_cost.observe(*prediction.scoring_work, verify_s - prediction.verify_s)

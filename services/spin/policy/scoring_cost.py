@@ -36,7 +36,7 @@ class ScoringCost:
     """Initial variance of the coefficients (large against their size: the first steps decide)."""
     _theta: np.ndarray = field(default_factory=lambda: np.zeros(2), repr=False)
     """[a, b]: seconds per call, seconds per 100 tokens fed"""
-    _p: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    _p: np.ndarray = field(init=False, repr=False)
     """Inverse information matrix of the least-squares fit, shape [2, 2]"""
     steps: int = 0
     """Steps observed."""
@@ -44,8 +44,7 @@ class ScoringCost:
     def __post_init__(self) -> None:
         if not 0.0 < self.forget <= 1.0:
             raise ValueError(f"forget={self.forget} outside (0, 1]")
-        if self._p is None:
-            self._p = np.eye(2) * self.prior_variance
+        self._p = np.eye(2) * self.prior_variance
 
     @staticmethod
     def _features(calls: int, tokens: int) -> np.ndarray:

@@ -7,6 +7,9 @@ exporting to the receiver; it is stopped before the assertions, so every span ha
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import secrets
 import threading
 from collections.abc import Iterator
@@ -402,3 +405,66 @@ def test_ratio_zero_samples_no_request(memory: InMemorySpanExporter,
     tracing.tracer().start_span("root").end()
     tracing.shutdown()
     assert memory.get_finished_spans() == ()
+
+
+class _Endless(generation_pb2_grpc.GenerationServicer):
+    """Streams responses until the client goes away; ``max_tokens`` 0 is refused."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def Generate(self, request, context):
+        if request.max_tokens == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0")
+        try:
+            for i in range(request.max_tokens):
+                await asyncio.sleep(0)
+                yield generation_pb2.GenerateResponse(text=str(i))
+        finally:
+            self.closed += 1
+
+
+def test_a_cancelled_stream_closes_its_span_in_its_own_call(
+        memory: InMemorySpanExporter, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that cancels while responses are being written: the handler's generator and the
+    server span end with the call, not later in another task ("Failed to detach context")."""
+    assert tracing.setup("spin-test", exporter=memory)
+    servicer = _Endless()
+    cancelled = 30
+
+    async def run() -> list:
+        server = grpc.aio.server(interceptors=tracing.server_interceptors(["spin.v1.Generation"]))
+        generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = generation_pb2_grpc.GenerationStub(channel)
+                full = [r.text async for r in stub.Generate(
+                    generation_pb2.GenerateRequest(max_tokens=5))]
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Generate(generation_pb2.GenerateRequest(max_tokens=0)).read()
+                for n in range(cancelled):
+                    call = stub.Generate(generation_pb2.GenerateRequest(max_tokens=10**6))
+                    for _ in range(3 + n % 5):
+                        await call.read()
+                    call.cancel()
+                for _ in range(200):  # the server learns of the cancellations asynchronously
+                    if servicer.closed == cancelled + 1:
+                        break
+                    await asyncio.sleep(0.01)
+            return [full, refused.value]
+        finally:
+            await server.stop(None)
+
+    with caplog.at_level(logging.WARNING):
+        full, refused = asyncio.run(run())
+        gc.collect()
+    assert full == ["0", "1", "2", "3", "4"]
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == "max_tokens must be > 0"
+    assert servicer.closed == cancelled + 1  # every started stream ran its finally
+    assert not [r for r in caplog.records if "detach" in r.getMessage()]
+    tracing.shutdown()
+    spans = [s for s in memory.get_finished_spans() if s.name == "/spin.v1.Generation/Generate"]
+    assert len(spans) == cancelled + 2

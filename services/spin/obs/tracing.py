@@ -35,11 +35,13 @@ connection and parent every batch of every request); health and reflection neith
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
@@ -142,8 +144,41 @@ def server_interceptors(service_names: Iterable[str]) -> list:
     pool = descriptor_pool.Default()
     traced = {f"/{name}/{m.name}" for name in service_names
               for m in pool.FindServiceByName(name).methods if not m.client_streaming}
-    return [aio_server_interceptor(tracer_provider=_provider,
+    return [_CloseStreams(),  # outermost: it wraps what the instrumentation returns
+            aio_server_interceptor(tracer_provider=_provider,
                                    filter_=lambda details: details.method in traced)]
+
+
+class _CloseStreams(grpc.aio.ServerInterceptor):
+    """Serves a server-streaming handler's async generator through ``context.write`` and closes
+    it in the call's own task when the call ends, however it ends.
+
+    grpc.aio drains a handler's generator itself, and when the client cancels while a response
+    is being written it drops the generator suspended at its ``yield``. The event loop's
+    finalizer later closes it in another task, where the gRPC instrumentation's span and
+    context (attached in the call's task) cannot be detached: "Failed to detach context" with a
+    traceback, once per cancelled call. Here the generator is closed before the call's task
+    ends, so the server span ends and its context is detached where it was attached.
+    """
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or not handler.response_streaming \
+                or not inspect.isasyncgenfunction(handler.unary_stream):
+            return handler
+        behavior = handler.unary_stream
+
+        async def write_all(request: Any, context: grpc.aio.ServicerContext) -> None:
+            responses = behavior(request, context)
+            try:
+                async for response in responses:
+                    await context.write(response)
+            finally:
+                await responses.aclose()
+
+        return grpc.unary_stream_rpc_method_handler(
+            write_all, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
 
 
 # ---- W3C trace context in a string --------------------------------------------------------------

@@ -346,7 +346,7 @@ def _bench_ab(args: argparse.Namespace) -> int:
             print(f"spin bench ab: {flag}: {e}", file=sys.stderr)
             return 2
     r = run_ab(ABConfig(a=args.a, b=args.b, rounds=args.rounds, requests=args.requests,
-                        family_dir=args.family_dir))
+                        seed=args.seed, family_dir=args.family_dir))
     for row in r["requests"]:
         print(f"{row['domain']:10s}  A {row['a']:.3f} s  B {row['b']:.3f} s  "
               f"prompt lookup {row['prompt_lookup']:.3f} s")
@@ -541,6 +541,7 @@ def parser() -> argparse.ArgumentParser:
     ab.add_argument("--b", default="{}", help="setting B: JSON overrides")
     ab.add_argument("--rounds", type=_positive(int), default=3, help="passes (per-request medians)")
     ab.add_argument("--requests", type=_positive(int), default=9, help="mixed workload size")
+    ab.add_argument("--seed", type=int, default=0, help="seed of the mixed workload")
     ab.add_argument("--json", help="write the report as JSON to this file")
     ab.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     ab.set_defaults(func=_bench_ab)

@@ -41,6 +41,8 @@ class ABConfig:
     """Requests of the mixed workload (code, prose, structured)."""
     new_tokens: int = 64
     """Tokens generated per request (greedy)."""
+    seed: int = 0
+    """Seed of the mixed workload (``spin bench policy`` times seed 0 and sweeps seed 1)."""
     family_dir: Path = FAMILY_DIR
     """The model family both deployments serve."""
     cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
@@ -51,7 +53,7 @@ def run_ab(cfg: ABConfig) -> dict:
     """Run the comparison; the report (module doc) as a dict."""
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               cost_model=cfg.cost_model)
-    workload = build_workload(cfg.requests, seed=0, family_dir=cfg.family_dir)
+    workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
 
     def deployment(overrides: str) -> Embedded:
         return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, policy="learned",
@@ -76,7 +78,7 @@ def run_ab(cfg: ABConfig) -> dict:
                     bar.update()
     median = {key: [statistics.median(x) for x in per] for key, per in times.items()}
     total = {key: sum(v) for key, v in median.items()}
-    return {"a": json.loads(cfg.a), "b": json.loads(cfg.b), "rounds": cfg.rounds,
+    return {"a": json.loads(cfg.a), "b": json.loads(cfg.b), "rounds": cfg.rounds, "seed": cfg.seed,
             "requests": [{"domain": w.domain, **{k: median[k][i] for k in median}}
                          for i, w in enumerate(workload)],
             "total_s": total, "b_over_a": total["b"] / total["a"],

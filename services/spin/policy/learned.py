@@ -326,10 +326,11 @@ class LearnedPolicy:
         seconds = draft_s + verify_s + self.selector.switch_cost_s(request_id, choice.drafter)
         self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
         self.controller.observe(request_id, choice.drafter, choice.k, accepted)
-        self.fit.record(request_id, choice.drafter, accepted, float(accepted < choice.k))
+        rejected = float(accepted < choice.k)  # the chain stops at its first rejection
+        self.fit.record(request_id, choice.drafter, accepted, rejected)
         own = self._own.setdefault(request_id, {}).setdefault(choice.drafter, [0.0, 0.0])
         own[0] += accepted
-        own[1] += float(accepted < choice.k)
+        own[1] += rejected
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """Seed the request's acceptance estimate and bandit prior of ``drafter`` from its

@@ -319,14 +319,20 @@ def _bench_policy(args: argparse.Namespace) -> int:
 def _bench_fit(args: argparse.Namespace) -> int:
     from .bench.fit import FitBenchConfig, run_fit_bench
 
+    cost = args.cost_model
+    if cost is None and (BUILD_DIR.parent / "cost_model.json").exists():
+        cost = BUILD_DIR.parent / "cost_model.json"
     r = run_fit_bench(FitBenchConfig(family_dir=args.family_dir, prompts=args.prompts,
-                                     new_tokens=args.new_tokens))
+                                     new_tokens=args.new_tokens, cost_model=cost))
     print(f"{r['prompts']} held-out prompts; which drafter has the best acceptance on the "
-          f"target's output, picked by:")
+          f"target's output, picked by "
+          + (f"(goodput lost: cost model {cost}):" if cost else "(no cost model):"))
     for signal, v in r["signals"].items():
         switched = f" ({v['switched']} switched)" if "switched" in v else ""
+        good = (f", mean goodput lost {100 * v['mean_goodput_lost']:.1f}%"
+                if "mean_goodput_lost" in v else "")
         print(f"  {signal:24s} {v['hits']:4d} hits, mean acceptance lost "
-              f"{v['mean_acceptance_lost']:.3f}{switched}")
+              f"{v['mean_acceptance_lost']:.3f}{good}{switched}")
     print("acceptance (greedy agreement with the target's output): all requests | requests the "
           "drafter fits best by prompt")
     for name, v in r["acceptance"].items():
@@ -532,6 +538,9 @@ def parser() -> argparse.ArgumentParser:
     bf.add_argument("--prompts", type=_positive(int), default=0,
                     help="held-out prompts, spread over the domains (default: all)")
     bf.add_argument("--new-tokens", type=_positive(int), default=64)
+    bf.add_argument("--cost-model", type=Path, default=None,
+                    help="cost model file from `spin profile` (default: build/cost_model.json "
+                         "when it exists): ranks by goodput and reports goodput lost")
     bf.add_argument("--json", help="write the report as JSON to this file")
     bf.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bf.set_defaults(func=_bench_fit)

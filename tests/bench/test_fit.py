@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spin.bench.fit import FitBenchConfig, run_fit_bench, summarize
+from spin.policy.cost_model import CostModel
 from spin.policy.learned_config import LearnedPolicyConfig
 
 
@@ -49,8 +50,9 @@ def test_the_record_breaks_near_ties_after_a_drafter_did_badly() -> None:
 
 
 def test_a_runner_up_takes_over_after_a_window_it_predicted_better() -> None:
-    policy = LearnedPolicyConfig(runner_up_every=12, runner_up_margin=0.1, runner_up_switch=0.15)
-    # b is 0.05 behind a on the prompt: no near tie, but a runner-up
+    policy = LearnedPolicyConfig(runner_up_every=12, runner_up_margin=0.1, runner_up_switch=0.15,
+                                 fit_rank_margin=0.02, fit_deficit_weight=0.0)
+    # b is 0.05 behind a on the prompt: never ranked against a, but a runner-up
     a, b = (0.5, 0.60, 0.0), (0.0, 0.55, 0.0)
     recs = [_rec({"b": [0.75, 0.9, 0.9, 0.9, 0.9, 0.9]}, a=a, b=b),  # b takes over at 12 tokens
             _rec({"b": [0.6, 0.6, 0.9, 0.9, 0.9, 0.9]}, a=a, b=b),  # at 36 tokens
@@ -63,6 +65,23 @@ def test_a_runner_up_takes_over_after_a_window_it_predicted_better() -> None:
     # acceptance lost: the windows a drafted where b was better, the one that showed it included
     lost = [0.25 * 12 / 64, (0.1 * 24 + 0.4 * 12) / 64, 0.0, 0.1]
     assert r["mean_acceptance_lost"] == pytest.approx(sum(lost) / 4)
+
+
+def test_with_a_cost_model_the_record_ranks_by_goodput_and_reports_goodput_lost() -> None:
+    cost = CostModel(verify=(0.010, 0.0, 1e-4, 0.0, 0.0),  # a drafts at 6 ms a level, b at 1
+                     draft={"a": (0.0, 0.006, 0.0, 0.0), "b": (0.0, 0.001, 0.0, 0.0)})
+    recs = [_rec(a=(0.8, 0.61, 0.0), b=(0.75, 0.60, 0.0)) for _ in range(4)]
+    plain = summarize(recs, ["a", "b"])["signals"]
+    assert "mean_goodput_lost" not in plain["prompt"]
+    assert plain["prompt_record"]["hits"] == 3  # by acceptance: a, but b once while untried
+    signals = summarize(recs, ["a", "b"], cost=cost)["signals"]
+    assert signals["prompt"]["hits"] == 4 and signals["prompt"]["mean_goodput_lost"] > 0.2
+    r = signals["prompt_record"]
+    assert r["hits"] == 0 and r["mean_acceptance_lost"] == pytest.approx(0.05)
+    assert r["mean_goodput_lost"] == pytest.approx(0.0)  # b: the cheaper one is the faster
+    by_acceptance = LearnedPolicyConfig(fit_by_goodput=False)
+    assert summarize(recs, ["a", "b"], by_acceptance, cost)["signals"]["prompt_record"][
+        "mean_goodput_lost"] > 0.2
 
 
 def test_fit_bench_on_the_demo_family(family_dir: Path) -> None:

@@ -188,6 +188,25 @@ def test_prompt_lookup_without_a_match_is_no_candidate_and_the_fitted_drafter_dr
         policy.close()
 
 
+@pytest.mark.parametrize("by_goodput", [True, False])
+def test_the_prompt_fit_prefers_a_cheap_drafter_to_a_costly_one_that_predicts_a_little_better(
+        by_goodput: bool) -> None:
+    cost = CostModel(verify=(0.010, 0.0, 1e-4, 0.0, 0.0),  # draft-prose: 6 ms a level
+                     draft={"draft-code": (0.0, 0.001, 0.0, 0.0),
+                            "draft-prose": (0.0, 0.006, 0.0, 0.0)})
+    policy = LearnedPolicy(learned_config({"fit_by_goodput": by_goodput}), cost=cost)
+    (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+    policy.observe_score("p", "draft-prose", 62, 100)
+    policy.observe_score("p", "draft-code", 60, 100)
+    policy.observe("p", c, 0, 0.0, 0.080)
+    assert policy.fit.fitting("p") == (("draft-code",) if by_goodput else ("draft-prose",))
+    (c,) = policy.choose([replace(_generated("p", 1), lookup_match=False)], DRAFTERS)
+    if by_goodput:
+        assert c.drafter == "draft-code" and c.k > 0
+    else:  # the costly fit: k = 0 pays better than drafting with it
+        assert c.drafter in ("draft-prose", None)
+
+
 @pytest.mark.parametrize("code_fits", [True, False])
 def test_runner_ups_by_prompt_score_the_output_every_few_tokens_and_may_take_over(
         code_fits: bool) -> None:

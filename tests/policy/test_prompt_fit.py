@@ -66,3 +66,45 @@ def test_runners_up_are_close_behind_and_one_may_be_promoted() -> None:
     fit.record("a", "draft-general", 0, 8)
     assert fit.acceptance("draft-structured") == 1.0 and fit.acceptance("draft-general") is None
     assert fit.runners_up("a", 0.1) == ("draft-general", "draft-prose")
+
+
+def test_the_expected_acceptance_is_the_record_less_the_agreement_deficit() -> None:
+    fit = PromptFit(min_trials=8, deficit_weight=3.0)  # every drafter ranked (rank_margin 1)
+    fit.observe_prompt("a", "draft-code", 30, 100)
+    fit.observe_prompt("a", "draft-prose", 25, 100)
+    assert fit.fitting("a") == ("draft-code",)  # no records: 1.0 against 1.0 - 3 x 0.05
+    fit.record("a", "draft-code", 4, 4)  # it accepted half on a's output
+    fit.observe_prompt("b", "draft-code", 30, 100)
+    fit.observe_prompt("b", "draft-prose", 25, 100)
+    assert fit.fitting("b") == ("draft-prose",)  # 0.5 against 0.85
+    fit.observe_prompt("c", "draft-code", 30, 100)
+    fit.observe_prompt("c", "draft-prose", 10, 100)
+    assert fit.fitting("c") == ("draft-code",)  # 0.5 against 1.0 - 3 x 0.2 = 0.4
+    flat = PromptFit(min_trials=8, deficit_weight=0.0)  # by record alone
+    flat.record("x", "draft-code", 8, 0)  # fits nothing yet: no record
+    flat.observe_prompt("d", "draft-code", 30, 100)
+    flat.observe_prompt("d", "draft-prose", 5, 100)
+    assert flat.fitting("d") == ("draft-code",)  # both untried: the agreement breaks the tie
+    flat.record("d", "draft-code", 4, 4)
+    flat.observe_prompt("e", "draft-code", 30, 100)
+    flat.observe_prompt("e", "draft-prose", 5, 100)
+    assert flat.fitting("e") == ("draft-prose",)  # untried (1.0) beats 0.5, however far behind
+
+
+def test_value_ranks_a_cheap_drafter_above_a_costly_one_that_predicts_a_little_better() -> None:
+    calls: list[tuple[str, str, float]] = []
+
+    def value(request_id: str, drafter: str, rate: float) -> float:
+        calls.append((request_id, drafter, rate))
+        return rate / (4.0 if drafter == "draft-general" else 1.0)  # four times the cost
+
+    fit = PromptFit(min_trials=8, value=value)
+    fit.observe_prompt("a", "draft-general", 62, 100)
+    fit.observe_prompt("a", "draft-structured", 60, 100)
+    assert fit.fitting("a") == ("draft-structured",)  # 0.94 against 1.0 / 4
+    assert ("a", "draft-structured", 1.0 - 3.0 * 0.02) in [(r, d, round(x, 9)) for r, d, x in calls]
+    assert PromptFit(min_trials=8).fitting("a") == ()  # by acceptance alone (another instance)
+    alone = PromptFit(min_trials=8)
+    alone.observe_prompt("a", "draft-general", 62, 100)
+    alone.observe_prompt("a", "draft-structured", 60, 100)
+    assert alone.fitting("a") == ("draft-general",)

@@ -9,10 +9,13 @@ how often each signal's best drafter is the output's best ("hits"), the mean acc
 following it, and each drafter's mean acceptance over all requests vs over those it fits best
 (by prompt): the population prior vs the prompt-fit seed.
 
-The signal ``prompt_record`` is what the router's prompt fit does (``PromptFit``): prompt
-agreement, with drafters close to the best ranked by their record on the earlier requests they
-fitted. The requests are taken in a fixed shuffled order (a mixed workload) and the record is
-built as they go, from each fitted drafter's acceptance on the output. The signal
+The signal ``prompt_record`` is what the router's prompt fit does (``PromptFit``): each drafter's
+record on the earlier requests it fitted, less ``fit_deficit_weight`` times how far its prompt
+agreement is behind the best, ranked by the goodput the cost model predicts for that (when there
+is a cost model). The requests are taken in a fixed shuffled order (a mixed workload) and the
+record is built as they go, from each fitted drafter's acceptance on the output. With a cost
+model, every signal also reports the mean goodput lost: 1 - the goodput predicted for its pick at
+that drafter's acceptance on the output over the best drafter's (one request alone, the best k). The signal
 ``prompt_record_runner_up`` adds the learned policy's runner-up rounds (``LearnedPolicyConfig.
 runner_up_every``): every that many output tokens, a drafter within the margin of the best prompt
 agreement that predicted the tokens since the last round better than the drafter in use, by more
@@ -30,6 +33,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..policy.cost_model import CostModel
+from ..policy.goodput import SpecLengthController
 from ..policy.learned_config import LearnedPolicyConfig
 from ..policy.prompt_fit import PromptFit
 from ..zoo.corpus import heldout_prompts
@@ -59,6 +64,9 @@ class FitBenchConfig:
     """Torch threads."""
     policy: LearnedPolicyConfig = field(default_factory=LearnedPolicyConfig)
     """Whose prompt-fit margins and runner-up check the replayed signals follow."""
+    cost_model: Path | None = None
+    """Step-time model (``spin profile``) that ranks by goodput and measures goodput lost; None
+    = by acceptance only."""
 
 
 def _agreement(logits: torch.Tensor, ids: torch.Tensor, lo: int, hi: int) -> float:
@@ -101,25 +109,52 @@ def run_fit_bench(cfg: FitBenchConfig) -> dict:
                 "windows": [_agreement(logits, full, lo, min(n, lo + every))
                             for lo in range(p, n, every)]}
         per_request.append(rec)
-    return summarize(per_request, names, cfg.policy)
+    cost = CostModel.load(cfg.cost_model) if cfg.cost_model is not None else None
+    return summarize(per_request, names, cfg.policy, cost)
+
+
+class _Goodput:
+    """Predicted goodput of one request alone at the best k (``SpecLengthController``)."""
+
+    def __init__(self, cost: CostModel | None, names: list[str]) -> None:
+        self.controller = SpecLengthController(cost) if cost is not None else None
+        self.names = [n for n in names if cost is not None and cost.has_drafter(n)]
+
+    def __call__(self, rec: dict, drafter: str, rate: float) -> float:
+        if self.controller is None or drafter not in self.names:
+            return rate
+        g = self.controller.solo_goodput("fit", drafter, min(1.0, max(0.0, rate)),
+                                         rec.get("prompt_tokens", 0))
+        return rate if g is None else g
+
+    def lost(self, rec: dict, drafter: str, rate: float) -> float | None:
+        """1 - goodput at ``rate`` with ``drafter`` over the output's best drafter's."""
+        if self.controller is None or not self.names:
+            return None
+        d = rec["drafters"]
+        best = max(self(rec, n, d[n]["output"]) for n in self.names)
+        return 1.0 - self(rec, drafter, rate) / best if best > 0 else 0.0
 
 
 def summarize(per_request: list[dict], names: list[str],
-              policy: LearnedPolicyConfig | None = None) -> dict:
-    """Hits and acceptance lost per signal, and acceptance over all vs best-fit requests."""
+              policy: LearnedPolicyConfig | None = None, cost: CostModel | None = None) -> dict:
+    """Hits and acceptance (and, with a cost model, goodput) lost per signal, and acceptance over
+    all vs best-fit requests."""
     report: dict = {"prompts": len(per_request), "signals": {}, "acceptance": {}}
+    goodput = _Goodput(cost, names)
     for signal in SIGNALS:
-        hits, lost = 0, []
+        hits, lost, g_lost = 0, [], []
         for rec in per_request:
             d = rec["drafters"]
             best = max(names, key=lambda n: d[n]["output"])
             pick = max(names, key=lambda n: d[n][signal])
             hits += best == pick
             lost.append(d[best]["output"] - d[pick]["output"])
-        report["signals"][signal] = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+            g_lost.append(goodput.lost(rec, pick, d[pick]["output"]))
+        report["signals"][signal] = _outcome(hits, lost, g_lost)
     policy = policy or LearnedPolicyConfig()
-    report["signals"][RECORD_SIGNAL] = _with_record(per_request, names, policy)
-    report["signals"][RUNNER_UP_SIGNAL] = _with_record(per_request, names, policy,
+    report["signals"][RECORD_SIGNAL] = _with_record(per_request, names, policy, goodput)
+    report["signals"][RUNNER_UP_SIGNAL] = _with_record(per_request, names, policy, goodput,
                                                        runner_up=True)
     for name in names:
         fitted = [rec["drafters"][name]["output"] for rec in per_request
@@ -132,16 +167,28 @@ def summarize(per_request: list[dict], names: list[str],
     return report
 
 
+def _outcome(hits: int, lost: list[float], goodput_lost: list[float | None]) -> dict:
+    out = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    if goodput_lost and None not in goodput_lost:
+        out["mean_goodput_lost"] = statistics.mean(goodput_lost)  # type: ignore[arg-type]
+    return out
+
+
 def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolicyConfig,
-                 runner_up: bool = False, seed: int = 0, positions: int = 10_000) -> dict:
-    """Hits and acceptance lost of ``PromptFit``'s choice, the requests in a shuffled order;
-    each fitted request adds its output tokens at the fitted drafter's agreement to the record.
-    With ``runner_up``, the policy's runner-up rounds may hand windows of the output to another
-    drafter (``LearnedPolicy._judge``); hits then count the drafter of the last window."""
-    fit = PromptFit(margin=policy.fit_margin, rank_margin=policy.fit_rank_margin)
+                 goodput: _Goodput, runner_up: bool = False, seed: int = 0,
+                 positions: int = 10_000) -> dict:
+    """Hits and acceptance (goodput) lost of ``PromptFit``'s choice, the requests in a shuffled
+    order; each fitted request adds its output tokens at the fitted drafter's agreement to the
+    record. With ``runner_up``, the policy's runner-up rounds may hand windows of the output to
+    another drafter (``LearnedPolicy._judge``); hits then count the drafter of the last window."""
+    by_id = {str(i): rec for i, rec in enumerate(per_request)}
+    value = goodput if policy.fit_by_goodput else (lambda rec, n, rate: rate)
+    fit = PromptFit(margin=policy.fit_margin, rank_margin=policy.fit_rank_margin,
+                    deficit_weight=policy.fit_deficit_weight,
+                    value=lambda rid, n, rate: value(by_id[rid], n, rate))
     order = list(range(len(per_request)))
     random.Random(seed).shuffle(order)
-    hits, lost, switched = 0, [], 0
+    hits, lost, g_lost, switched = 0, [], [], 0
     for i in order:
         rec = per_request[i]
         d = rec["drafters"]
@@ -159,7 +206,8 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
             if not runner_up or sum(sizes[w + 1:]) <= policy.runner_up_every:
                 continue
             for n in fit.runners_up(rid, policy.runner_up_margin):
-                if d[n]["windows"][w] > d[cur]["windows"][w] + policy.runner_up_switch:
+                if value(rec, n, d[n]["windows"][w]) > value(
+                        rec, cur, min(1.0, d[cur]["windows"][w] + policy.runner_up_switch)):
                     fit.promote(rid, n)
                     switched += 1
                     cur = n
@@ -167,6 +215,7 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
         best = max(names, key=lambda n: d[n]["output"])
         hits += best == cur
         lost.append(d[best]["output"] - acceptance / max(1, sum(sizes)))
+        g_lost.append(goodput.lost(rec, cur, acceptance / max(1, sum(sizes))))
         fit.release(rid)
-    out = {"hits": hits, "mean_acceptance_lost": statistics.mean(lost)}
+    out = _outcome(hits, lost, g_lost)
     return {**out, "switched": switched} if runner_up else out

@@ -354,6 +354,16 @@ class SpecLengthController:
         verify = np.array([bt.verify(k + 1) for k in ks])
         return _step_s(draft, verify, self.cfg.pipelined)
 
+    def solo_goodput(self, request_id: str, drafter: str, rate: float,
+                     context_len: int) -> float | None:
+        """Tokens per second of the request alone with ``drafter`` at acceptance ``rate`` and
+        the best k (``solo_step_s``); None without a cost model."""
+        steps = self.solo_step_s(request_id, drafter, context_len)               # [k_max]
+        if not (steps > 0.0).all():
+            return None
+        return max((expected_tokens(rate, k) / t for k, t in enumerate(steps.tolist(), 1)),
+                   default=0.0)
+
     def step_s(self, draft_s: dict[str, float], verify_s: float) -> float:
         """Step seconds from its parts (the drafters' calls run concurrently)."""
         return float(_step_s(max(draft_s.values(), default=0.0), verify_s, self.cfg.pipelined))

@@ -102,7 +102,9 @@ class LearnedPolicy:
         ``1 - controller.ema`` of the next"""
         self._ctx: dict[str, int] = {}
         """request id -> context length at its last step"""
-        self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin)
+        self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin,
+                             deficit_weight=self.cfg.fit_deficit_weight,
+                             value=self._fit_value)
         """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
         self._fitted: set[str] = set()
         """Requests whose best-fitting drafter has been seeded."""
@@ -263,7 +265,8 @@ class LearnedPolicy:
     def _judge(self, request_id: str, runner: str, agreement: float) -> None:
         """A runner-up that predicted the tokens since its last call better than the best-fitting
         drafter accepted on its own steps meanwhile (its acceptance estimate when it made none),
-        by more than ``runner_up_switch``, takes its place."""
+        by more than ``runner_up_switch``, takes its place; with ``fit_by_goodput``, better is
+        by the goodput predicted at those rates (``_fit_value``)."""
         fitting = self.fit.fitting(request_id)
         pending = self._runners.get(request_id)
         if not fitting or pending is None or runner not in pending[0]:
@@ -273,7 +276,8 @@ class LearnedPolicy:
         accepted, rejected = pending[1].get(best, (0.0, 0.0))
         rate = (accepted / (accepted + rejected) if accepted + rejected
                 else self.controller.tracker.get(request_id, best))
-        if agreement > rate + self.cfg.runner_up_switch:
+        if self._fit_value(request_id, runner, agreement) > self._fit_value(
+                request_id, best, min(1.0, rate + self.cfg.runner_up_switch)):
             log.debug("request %s: %s fits better than %s (%.2f against %.2f)", request_id,
                       runner, best, agreement, rate)
             self.fit.promote(request_id, runner)
@@ -352,17 +356,24 @@ class LearnedPolicy:
                               self._ctx.get(request_id, 0))
         self._judge(request_id, drafter, matches / positions)
 
+    def _fit_value(self, request_id: str, drafter: str, rate: float) -> float:
+        """What ranks drafters for the prompt fit (``PromptFit.value``) and runner-up rounds:
+        with ``fit_by_goodput`` and a cost model the goodput predicted at acceptance ``rate``,
+        else the rate itself."""
+        best = (self.controller.solo_goodput(request_id, drafter, rate,
+                                             self._ctx.get(request_id, 0))
+                if self.cfg.fit_by_goodput else None)
+        return rate if best is None else best
+
     def _prior_from_rate(self, request_id: str, drafter: str, rate: float, ctx: int) -> None:
         """The request's bandit prior of ``drafter``: the goodput the cost model predicts at the
         best k for acceptance ``rate``, worth ``score_trials`` steps."""
-        steps = self.controller.solo_step_s(request_id, drafter, ctx)             # [k_max]
-        if not (steps > 0.0).all():  # no cost model: rescale the population prior instead
+        best = self.controller.solo_goodput(request_id, drafter, rate, ctx)
+        if best is None:  # no cost model: rescale the population prior instead
             pop = self.controller.tracker.prior(drafter)
             self.selector.scale_prior(request_id, drafter,
                                       expected_tokens(rate, 4) / expected_tokens(pop, 4))
             return
-        best = max((expected_tokens(rate, k) / t for k, t in enumerate(steps.tolist(), 1)),
-                   default=0.0)
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],

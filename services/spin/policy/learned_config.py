@@ -43,10 +43,19 @@ class LearnedPolicyConfig:
     ``spin bench ab --a '{}' --b '{"fit_margin": 0.05}'`` measured B / A = 0.998: a structured
     request whose best drafter came second by prompt gained, code requests lost as much to the
     extra exploration."""
-    fit_rank_margin: float = 0.02
-    """Model drafters whose prompt agreement is within this of the best's are ranked by how they
-    did on the earlier requests they fitted (``PromptFit.rank_margin``; ``spin bench fit``,
-    signal ``prompt_record``)."""
+    fit_rank_margin: float = 1.0
+    """Only model drafters whose prompt agreement is within this of the best's may fit a
+    request best (``PromptFit.rank_margin``); 1 = all."""
+    fit_deficit_weight: float = 3.0
+    """A drafter's expected acceptance on a request is its record on the earlier requests it
+    fitted less this times how far its prompt agreement is behind the best one's
+    (``PromptFit.deficit_weight``; ``spin bench fit``, signal ``prompt_record``). The rule before
+    (record within 0.02 of the best agreement, agreement otherwise, acceptance not goodput) is
+    ``{"fit_rank_margin": 0.02, "fit_deficit_weight": 0.0, "fit_by_goodput": false}``."""
+    fit_by_goodput: bool = True
+    """Rank the drafters by the goodput the cost model predicts for that expected acceptance at
+    the best k (a cheap specialist beats a general model that accepts a little more); false =
+    by the expected acceptance."""
     runner_up_every: int = 12
     """Generated tokens between runner-up rounds: the model drafters that came within
     ``runner_up_margin`` of the best prompt agreement, but do not fit the request, score the
@@ -56,8 +65,9 @@ class LearnedPolicyConfig:
     """How close to the best prompt agreement a runner-up is."""
     runner_up_switch: float = 0.15
     """A runner-up whose agreement with the tokens since its last call beats the best-fitting
-    drafter's acceptance on its own steps meanwhile by more than this fits the request best
-    from then on (``PromptFit.promote``). ``spin bench fit``, signal ``prompt_record_runner_up``,
+    drafter's acceptance on its own steps meanwhile by more than this (compared as the goodput
+    predicted at those rates with ``fit_by_goodput``) fits the request best from then on
+    (``PromptFit.promote``). ``spin bench fit``, signal ``prompt_record_runner_up``,
     replays the rounds over 144 held-out prompts."""
     fit_trials: float = 8.0
     """Weight, in draft tokens, of that seed in the request's acceptance estimate."""

@@ -8,13 +8,19 @@ family's 144 held-out prompts: the drafter that predicts the prompt best was the
 target's output (64 tokens) for 115 of them (mean acceptance lost to the best: 0.028), against 72
 (0.128) for agreement on the first 5 output tokens, which is what scoring the output early sees.
 
-Drafters whose agreement is close to the best's (within ``rank_margin``) are ranked by their
-record instead: how they did on the earlier requests they fitted (``acceptance``). A general
-model often predicts a prompt about as well as the specialist but accepts less on the output. On
-the same 144 prompts, in 20 shuffled orders with the record built as they go, this picked the
-output's best for at least 122 of them (median 123; mean acceptance lost 0.016) where agreement
-alone picks 115 (0.028). A margin of 0.03 or 0.05 did as well in most orders but 98 and 88 in the
-worst: a drafter whose first fitted request went badly then loses the near ties for good.
+The drafters are ranked by what each is expected to deliver on the request's output: its record
+(how it did on the earlier requests it fitted, ``acceptance``) less ``deficit_weight`` times how
+far its prompt agreement falls behind the best one's, turned into goodput by ``value`` (the
+learned policy's cost model: tokens per second at the best k). A general model often predicts a
+prompt about as well as the specialist but accepts less on the output, at several times the
+cost. On ``spin bench fit``'s 144 prompts, a drafter's output acceptance falls 3.3 points per
+point of prompt agreement it is behind the best-fitting one (least squares through the origin,
+the 202 drafters less than 0.15 behind); hence the weight of 3. ``spin bench fit`` replays the
+144 prompts with the record built as they go and the cost model of ``spin profile --quick``;
+goodput lost to the output's best drafter (one request alone, best k), mean over 20 shuffled
+orders: 1.6% (worst order 1.9%), 0.8% (1.1%) with runner-up rounds, where the rule before
+(record only for drafters within 0.02 of the best agreement, agreement otherwise, no cost) lost
+4.4% (4.9%) and 2.5% (3.1%). By acceptance alone the two are close (0.010 against 0.018 lost).
 
 So a request's candidates narrow to its best-fitting model drafter (and any within ``margin`` of
 its agreement) plus prompt lookup, and each starts from what it achieved on the *earlier*
@@ -31,6 +37,7 @@ drafter's place (``promote``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -44,9 +51,15 @@ class PromptFit:
     margin: float = 0.0
     """Drafters whose prompt agreement is within this of the best-fitting one's are candidates
     too."""
-    rank_margin: float = 0.02
-    """Drafters whose prompt agreement is within this of the best's are ranked by ``acceptance``
-    (one without enough record first, so that it gets one), then by agreement."""
+    rank_margin: float = 1.0
+    """Only drafters whose prompt agreement is within this of the best's are ranked (the
+    others never fit best); 1 = all."""
+    deficit_weight: float = 3.0
+    """Acceptance a drafter is expected to lose on the output per unit of prompt agreement it is
+    behind the best one's (module doc); 0 = rank by record alone."""
+    value: Callable[[str, str, float], float] | None = None
+    """(request id, drafter, expected acceptance) -> what ranks the drafters: the goodput the
+    learned policy's cost model predicts; None = the expected acceptance itself."""
     _agreement: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
     """request id -> drafter -> fraction of the scored prompt tokens it predicted"""
     _fitting: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
@@ -63,19 +76,25 @@ class PromptFit:
         if len(agreement) >= 2:
             top = max(agreement.values())
             best = max((n for n, a in agreement.items() if a >= top - self.rank_margin),
-                       key=lambda n: (self._record(n), agreement[n], n))
+                       key=lambda n: (self._expected(request_id, n, top - agreement[n]),
+                                      agreement[n], n))
             self._fitting[request_id] = (best, *(
                 name for a, name in sorted(((a, n) for n, a in agreement.items()), reverse=True)
                 if name != best and abs(a - agreement[best]) <= self.margin))
 
-    def _record(self, drafter: str) -> float:
+    def _expected(self, request_id: str, drafter: str, deficit: float) -> float:
+        """What ``drafter`` is expected to deliver on the request: its record (1 without enough
+        of one, so that it gets one) less ``deficit_weight`` x its prompt agreement ``deficit``,
+        through ``value``."""
         rate = self.acceptance(drafter)
-        return 1.0 if rate is None else rate
+        rate = min(1.0, max(0.0, (1.0 if rate is None else rate) - self.deficit_weight * deficit))
+        return rate if self.value is None else self.value(request_id, drafter, rate)
 
     def fitting(self, request_id: str) -> tuple[str, ...]:
-        """The request's best-fitting model drafters, best first: the best by record among those
-        within ``rank_margin`` of the best agreement, then by agreement those within ``margin``
-        of its agreement; () until two or more have scored its prompt."""
+        """The request's best-fitting model drafters, best first: the best by expected goodput
+        (``_expected``) among those within ``rank_margin`` of the best agreement, then by
+        agreement those within ``margin`` of its agreement; () until two or more have scored its
+        prompt."""
         return self._fitting.get(request_id, ())
 
     def runners_up(self, request_id: str, margin: float) -> tuple[str, ...]:

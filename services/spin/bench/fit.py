@@ -15,7 +15,7 @@ agreement is behind the best, ranked by the goodput the cost model predicts for 
 is a cost model). The requests are taken in a fixed shuffled order (a mixed workload) and the
 record is built as they go, from each fitted drafter's acceptance on the output. With a cost
 model, every signal also reports the mean goodput lost: 1 - the goodput predicted for its pick at
-that drafter's acceptance on the output over the best drafter's (one request alone, the best k). The signal
+its acceptance on the output over the best drafter's (one request alone, the best k). The signal
 ``prompt_record_runner_up`` adds the learned policy's runner-up rounds (``LearnedPolicyConfig.
 runner_up_every``): every that many output tokens, a drafter within the margin of the best prompt
 agreement that predicted the tokens since the last round better than the drafter in use, by more

@@ -20,7 +20,7 @@ the 202 drafters less than 0.15 behind); hence the weight of 3. ``spin bench fit
 goodput lost to the output's best drafter (one request alone, best k), mean over 20 shuffled
 orders: 1.6% (worst order 1.9%), 0.8% (1.1%) with runner-up rounds, where the rule before
 (record only for drafters within 0.02 of the best agreement, agreement otherwise, no cost) lost
-4.4% (4.9%) and 2.5% (3.1%). By acceptance alone the two are close (0.010 against 0.018 lost).
+4.4% (4.9%) and 2.5% (3.1%); in its one order, acceptance lost 0.010 against 0.018.
 
 So a request's candidates narrow to its best-fitting model drafter (and any within ``margin`` of
 its agreement) plus prompt lookup, and each starts from what it achieved on the *earlier*

@@ -238,6 +238,23 @@ def test_choice_is_near_the_brute_force_optimum() -> None:
         assert got >= 0.98 * best, (trial, ks)
 
 
+def test_one_request_to_speculate_gets_the_smallest_best_k() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        cost = CostModel(verify=(float(rng.uniform(2e-3, 2e-2)), 1e-5,
+                                 float(rng.uniform(0.0, 2e-3)), 1e-8, 0.0),
+                         draft={"d": (float(rng.uniform(0.0, 3e-3)), float(rng.uniform(1e-4, 4e-3)),
+                                      1e-5, 0.0)})
+        c = _ctl(cost, {"d": float(rng.uniform(0.05, 0.98))}, margin=0.0)
+        batch = [("r0", "d", int(rng.integers(50, 3000))),  # with others that cannot speculate
+                 *((f"o{i}", None, 100) for i in range(int(rng.integers(0, 3))))]
+        (k, *rest) = c.choose(batch)
+        assert rest == [0] * len(rest)
+        by_k = [c.predicted_goodput(batch, [j] + rest) for j in range(c.cfg.k_max + 1)]
+        assert by_k[k] == max(by_k[1:]) or (k == 0 and max(by_k[1:]) < by_k[0]), (trial, k)
+        assert all(g < by_k[k] for g in by_k[1:k]), (trial, k)  # no smaller k does as well
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
         ControllerConfig(ema=0.0)

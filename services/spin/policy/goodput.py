@@ -27,7 +27,9 @@ Search: greedy coordinate ascent. From all k = 0 repeatedly apply the single ±1
 request's k (0..k_max) with the best goodput; stop when none improves. Because a drafter call has a
 fixed cost (launch, one forward per level), the first +1 alone may not pay while k = 3 does, so the
 ascent is also run from the best *uniform* k (SmartSpec's scan of k = 0..k_max) and the better end
-point wins. Finally the margin rule: unless the best goodput beats all-zeros by ``margin``, every
+point wins. With one request to speculate (a request alone: the light-load case) that scan is
+exhaustive and decides by itself (the smallest best k): the two ascents cost the router about
+1 ms of Python per step there. Finally the margin rule: unless the best goodput beats all-zeros by ``margin``, every
 request gets k = 0. Without a cost model the controller uses a batch-size → k table (Synergy).
 """
 
@@ -307,11 +309,17 @@ class SpecLengthController:
         g0 = bt.goodput(zero)
         if not bt.eligible.any() or self.cfg.k_max == 0:
             return [0] * len(batch)
-        uniform = max((bt.goodput(j * bt.eligible), j) for j in range(self.cfg.k_max, 0, -1))
-        best_k, best_g = bt.ascend(zero, self.cfg.k_max)
-        k_u, g_u = bt.ascend(uniform[1] * bt.eligible.astype(float), self.cfg.k_max)
-        if g_u > best_g:
-            best_k, best_g = k_u, g_u
+        by_j = [bt.goodput(j * bt.eligible) for j in range(1, self.cfg.k_max + 1)]
+        if bt.eligible.sum() == 1:  # one request's k: the scan above is exhaustive
+            top = max(by_j)
+            j = next(j for j, g in enumerate(by_j, 1) if g >= top * (1 - 1e-12))  # smallest
+            best_k, best_g = j * bt.eligible.astype(float), by_j[j - 1]
+        else:
+            best_k, best_g = bt.ascend(zero, self.cfg.k_max)
+            uniform = max(zip(by_j, range(1, self.cfg.k_max + 1)))
+            k_u, g_u = bt.ascend(uniform[1] * bt.eligible.astype(float), self.cfg.k_max)
+            if g_u > best_g:
+                best_k, best_g = k_u, g_u
         if best_g < (1 + self.cfg.margin) * g0:
             return [0] * len(batch)
         return [int(x) for x in best_k]

@@ -29,8 +29,9 @@ fixed cost (launch, one forward per level), the first +1 alone may not pay while
 ascent is also run from the best *uniform* k (SmartSpec's scan of k = 0..k_max) and the better end
 point wins. With one request to speculate (a request alone: the light-load case) that scan is
 exhaustive and decides by itself (the smallest best k): the two ascents cost the router about
-1 ms of Python per step there. Finally the margin rule: unless the best goodput beats all-zeros by ``margin``, every
-request gets k = 0. Without a cost model the controller uses a batch-size → k table (Synergy).
+1 ms of Python per step there. Finally the margin rule: unless the best goodput beats all-zeros
+by ``margin``, every request gets k = 0. Without a cost model the controller uses a batch-size →
+k table (Synergy).
 """
 
 from __future__ import annotations

@@ -318,10 +318,11 @@ def _bench_policy(args: argparse.Namespace) -> int:
 
 def _bench_fit(args: argparse.Namespace) -> int:
     from .bench.fit import FitBenchConfig, run_fit_bench
+    from .bench.profile import DEFAULT_COST_MODEL
 
     cost = args.cost_model
-    if cost is None and (BUILD_DIR.parent / "cost_model.json").exists():
-        cost = BUILD_DIR.parent / "cost_model.json"
+    if cost is None and DEFAULT_COST_MODEL.exists():
+        cost = DEFAULT_COST_MODEL
     r = run_fit_bench(FitBenchConfig(family_dir=args.family_dir, prompts=args.prompts,
                                      new_tokens=args.new_tokens, cost_model=cost))
     print(f"{r['prompts']} held-out prompts; which drafter has the best acceptance on the "

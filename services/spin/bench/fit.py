@@ -114,25 +114,24 @@ def run_fit_bench(cfg: FitBenchConfig) -> dict:
 
 
 class _Goodput:
-    """Predicted goodput of one request alone at the best k (``SpecLengthController``)."""
+    """Predicted goodput of one request alone at the best k, as the router's prompt fit ranks
+    (``SpecLengthController.solo_goodput``); the rate itself without a cost model."""
 
-    def __init__(self, cost: CostModel | None, names: list[str]) -> None:
+    def __init__(self, cost: CostModel | None) -> None:
         self.controller = SpecLengthController(cost) if cost is not None else None
-        self.names = [n for n in names if cost is not None and cost.has_drafter(n)]
 
     def __call__(self, rec: dict, drafter: str, rate: float) -> float:
-        if self.controller is None or drafter not in self.names:
-            return rate
-        g = self.controller.solo_goodput("fit", drafter, min(1.0, max(0.0, rate)),
-                                         rec.get("prompt_tokens", 0))
+        g = (self.controller.solo_goodput("fit", drafter, min(1.0, max(0.0, rate)),
+                                          rec.get("prompt_tokens", 0))
+             if self.controller is not None else None)
         return rate if g is None else g
 
     def lost(self, rec: dict, drafter: str, rate: float) -> float | None:
-        """1 - goodput at ``rate`` with ``drafter`` over the output's best drafter's."""
-        if self.controller is None or not self.names:
+        """1 - goodput at ``rate`` with ``drafter`` over the output's best drafter's; None
+        without a cost model."""
+        if self.controller is None:
             return None
-        d = rec["drafters"]
-        best = max(self(rec, n, d[n]["output"]) for n in self.names)
+        best = max(self(rec, n, v["output"]) for n, v in rec["drafters"].items())
         return 1.0 - self(rec, drafter, rate) / best if best > 0 else 0.0
 
 
@@ -141,7 +140,7 @@ def summarize(per_request: list[dict], names: list[str],
     """Hits and acceptance (and, with a cost model, goodput) lost per signal, and acceptance over
     all vs best-fit requests."""
     report: dict = {"prompts": len(per_request), "signals": {}, "acceptance": {}}
-    goodput = _Goodput(cost, names)
+    goodput = _Goodput(cost)
     for signal in SIGNALS:
         hits, lost, g_lost = 0, [], []
         for rec in per_request:

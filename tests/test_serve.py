@@ -96,3 +96,19 @@ def test_spin_serve_prints_the_endpoint_and_stops_on_ctrl_c(tmp_path: Path) -> N
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_cost_model_is_measured_again_for_other_drafter_weights(tmp_path: Path) -> None:
+    """``spin serve`` profiles when the cost model is missing, unreadable, or was measured with
+    other drafter weights than it serves (a file from before int8 drafters counts as 'none')."""
+    from spin.serve import _cost_model_stale
+
+    path = tmp_path / "cost_model.json"
+    assert "none yet" in _cost_model_stale(path, "int8")
+    path.write_text('{"version": 1}')
+    assert _cost_model_stale(path, "none") is None
+    assert "measured with drafter weights 'none', serving 'int8'" == _cost_model_stale(path, "int8")
+    path.write_text('{"version": 1, "drafter_quantize": "int8"}')
+    assert _cost_model_stale(path, "int8") is None
+    path.write_text("{not json")
+    assert "unreadable" in _cost_model_stale(path, "int8")

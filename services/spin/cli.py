@@ -78,7 +78,8 @@ def _drafter(args: argparse.Namespace) -> int:
     from .drafter.server import run
 
     _threads(args)
-    run(str(args.model), args.name, _server_config(args), slots=args.slots)
+    run(str(args.model), args.name, _server_config(args), slots=args.slots,
+        quantize=args.quantize)
     return 0
 
 
@@ -171,7 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
                              max_batch=args.max_batch, max_queue=args.max_queue,
                              redis=not args.no_redis, policy=args.policy,
                              micro_batches=args.micro_batches,
-                             policy_config=args.policy_config))
+                             policy_config=args.policy_config,
+                             drafter_quantize=args.drafter_quantize))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -270,7 +272,8 @@ def _profile(args: argparse.Namespace) -> int:
 
     r = run_profile(ProfileConfig(family_dir=args.family_dir, quick=args.quick, out=args.out,
                                   drafters=args.drafters.split(",") if args.drafters else None,
-                                  threads=args.threads, drafter_threads=args.drafter_threads))
+                                  threads=args.threads, drafter_threads=args.drafter_threads,
+                                  drafter_quantize=args.drafter_quantize))
     print(f"wrote {r['out']} ({r['verify_points']} verify and {r['draft_points']} draft points)")
     print("fit error (MAPE): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["mape"].items()))
     print("batch size -> k at acceptance 0.7: " + ", ".join(
@@ -439,6 +442,9 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
         if role == "drafter":
             sp.add_argument("--name", help="drafter name (default: the directory name)")
+            sp.add_argument("--quantize", choices=("none", "int8"), default="none",
+                            help="int8: int8 weights on CPU (faster drafts; the output is the "
+                                 "target's either way, the acceptance rate may change)")
         else:
             sp.add_argument("--no-decompose", action="store_true",
                             help="one forward per batch (no splitting into sub-batches)")
@@ -489,6 +495,9 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch", type=_positive(int), default=32)
     sv.add_argument("--max-queue", type=_positive(int), default=256)
     sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.add_argument("--drafter-quantize", choices=("auto", "none", "int8"), default="auto",
+                    help="the draft models' weights: int8 drafts faster on CPU, and the output is "
+                         "the target's either way (auto: int8 where this torch has the kernels)")
     sv.add_argument("--micro-batches", type=_positive(int), default=1,
                     help="micro-batches in flight in the router (2 = pipelined)")
     sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
@@ -526,6 +535,8 @@ def parser() -> argparse.ArgumentParser:
                     help="torch threads when timing verification, as the verifier serves (0 = default)")
     pr.add_argument("--drafter-threads", type=int, default=0,
                     help="torch threads when timing drafters, as each drafter serves (0 = default)")
+    pr.add_argument("--drafter-quantize", choices=("none", "int8"), default="none",
+                    help="the draft models' weights, as the drafters serve them")
     pr.set_defaults(func=_profile)
 
     bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")

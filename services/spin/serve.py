@@ -14,6 +14,7 @@ would merge them, so each child names itself (``spin-router``, ``spin-verifier``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine.quant import resolve as resolve_quantize
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -65,6 +67,10 @@ class ServeConfig:
     drafter_threads: int = 1
     """Torch threads per drafter (small models gain little from more, and on a small machine
     their idle thread pools would compete with the verifier's)."""
+    drafter_quantize: str = "auto"
+    """Weights of the draft models: 'none' (as loaded), 'int8' (``engine/quant.py``: faster
+    drafts on CPU, the same output), or 'auto' (int8 where this torch has the kernels). The cost
+    model is measured again when its file was measured with other drafter weights."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every child (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``), over this
     process's."""
@@ -122,6 +128,20 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def _cost_model_stale(path: Path, quantize: str) -> str | None:
+    """Why the cost model at ``path`` must be measured (again), or None: missing, unreadable, or
+    measured with other drafter weights (a file without the field predates int8 drafters)."""
+    if not path.exists():
+        return "none yet; once"
+    try:
+        measured = json.loads(path.read_text()).get("drafter_quantize", "none")
+    except (OSError, ValueError) as e:
+        return f"unreadable ({e})"
+    if measured != quantize:
+        return f"measured with drafter weights {measured!r}, serving {quantize!r}"
+    return None
+
+
 def _spin(*args: str) -> list[str]:
     return [sys.executable, "-m", "spin", *args]
 
@@ -165,15 +185,19 @@ class Embedded:
         try:
             fam = cfg.family_dir
             names = cfg.drafters if cfg.drafters is not None else family_members(fam)
-            if cfg.policy == "learned" and not cfg.cost_model.exists():
-                print(f"measuring this machine for the cost model ({cfg.cost_model}; once) ...",
+            quantize = resolve_quantize(cfg.drafter_quantize)
+            stale = _cost_model_stale(cfg.cost_model, quantize)
+            if cfg.policy == "learned" and stale:
+                print(f"measuring this machine for the cost model ({cfg.cost_model}: {stale}) ...",
                       flush=True)
                 subprocess.run(_spin("profile", "--quick", "--family-dir", str(fam), "--out",
                                      str(cfg.cost_model), "--threads", str(cfg.threads),
-                                     "--drafter-threads", str(cfg.drafter_threads)),
+                                     "--drafter-threads", str(cfg.drafter_threads),
+                                     "--drafter-quantize", quantize),
                                check=True, env=env)
             threads = ("--threads", str(cfg.threads), "--metrics-port", "0")
-            drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0")
+            drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0",
+                               "--quantize", quantize)
             self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),
                                                          "--port", "0", *threads), cfg.log_dir, env))
             for name in names:

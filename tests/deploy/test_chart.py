@@ -215,6 +215,7 @@ def test_monitoring_value_set_renders_the_operator_objects() -> None:
     (("--set", "drafterDefaults.replicas=-2"), "drafterDefaults.replicas",
      "greater than or equal to 0"),
     (("--set", "router.policy=greedy"), "router.policy", '"learned", "fixed"'),
+    (("--set", "drafterDefaults.quantize=int4"), "drafterDefaults.quantize", '"none", "int8"'),
     (("--set-json", 'drafters=[{"name": "draft-x"}]'), "drafters.0", "model is required"),
     (("--set-json", 'drafters=[{"name": "Draft_X", "model": "x"}]'), "drafters.0.name",
      "Does not match pattern"),
@@ -268,7 +269,7 @@ def test_one_deployment_and_service_per_default_draft_model() -> None:
 def test_changing_the_drafter_list_changes_the_pool() -> None:
     pool = [{"name": "tiny", "model": "qwen-0.5b"},
             {"name": "coder", "model": "/weights/coder", "replicas": 3,
-             "extraArgs": ["--threads", "2"],
+             "extraArgs": ["--threads", "2"], "quantize": "int8",
              "resources": {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"memory": "3Gi"}}}]
     docs = render("--set-json", "drafters=" + json.dumps(pool))
     deps, svcs = drafter_objects(docs)
@@ -279,9 +280,11 @@ def test_changing_the_drafter_list_changes_the_pool() -> None:
     c = coder["spec"]["template"]["spec"]["containers"][0]
     assert flag(c["args"], "--model") == "/weights/coder"  # absolute path kept
     assert c["args"][-2:] == ["--threads", "2"]
+    assert flag(c["args"], "--quantize") == "int8"
     assert c["resources"] == pool[1]["resources"]  # replaces the defaults, no merge
     tiny = deps["spin-drafter-tiny"]["spec"]["template"]["spec"]["containers"][0]
     assert flag(tiny["args"], "--model") == "/opt/spin/models/demo/qwen-0.5b"
+    assert "--quantize" not in tiny["args"]  # drafterDefaults: weights as loaded
     assert tiny["resources"]["requests"] == {"cpu": "250m", "memory": "512Mi"}
     assert svcs["spin-drafter-coder"]["metadata"]["labels"]["spin.dev/drafter"] == "coder"
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..engine.drafter import DraftRequest, ModelDrafter
 from ..engine.model_runner import ForwardItem, ModelRunner
+from ..engine.quant import Quantization
 from ..policy.cost_model import CostModel, DraftSample, VerifySample, k_table
 from ..zoo.report import family_members
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
@@ -49,6 +50,9 @@ class ProfileConfig:
     drafter_threads: int = 0
     """Torch threads while timing the drafters (0 = torch's default); give what each drafter gets
     in serving (``spin serve`` gives each 1)."""
+    drafter_quantize: Quantization = "none"
+    """The draft models' weights, as the drafters serve them (``spin drafter --quantize``);
+    recorded in the model file."""
     out: Path = field(default_factory=lambda: DEFAULT_COST_MODEL)
 
     def grid(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
@@ -118,7 +122,8 @@ def run_profile(cfg: ProfileConfig) -> dict:
     names = cfg.drafters if cfg.drafters is not None else family_members(fam)
     slots = max(batches)
     target = ModelRunner(fam / "target", num_slots=slots)
-    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=slots)) for n in names}
+    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=slots,
+                                               quantize=cfg.drafter_quantize)) for n in names}
     total = len(contexts) * len(batches) * (len(tokens) + len(names) * len(ks))
     default_threads = torch.get_num_threads()
     try:
@@ -136,6 +141,7 @@ def run_profile(cfg: ProfileConfig) -> dict:
     model.save(cfg.out)
     raw = json.loads(cfg.out.read_text())  # keep the fit error beside the coefficients
     raw["fit_mape"] = errors
+    raw["drafter_quantize"] = cfg.drafter_quantize
     cfg.out.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     table = k_table(model, {n: 0.7 for n in names}, batches, max(ks), contexts[0])
     return {"out": str(cfg.out), "mape": errors, "verify_points": len(verify),

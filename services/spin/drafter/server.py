@@ -20,6 +20,7 @@ import grpc
 
 from ..engine.drafter import DraftRequest, ModelDrafter
 from ..engine.model_runner import ModelRunner
+from ..engine.quant import Quantization
 from ..engine.tree import TokenTree
 from ..obs import metrics, tracing
 from ..rpc.contexts import ContextBook
@@ -34,10 +35,11 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
     """A ``ModelDrafter`` with per-request contexts."""
 
     def __init__(self, name: str, model_path: str | Path, slots: int = 64,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, quantize: Quantization = "none") -> None:
         self.name = name
         self.model_path = str(model_path)
-        self.drafter = ModelDrafter(name, ModelRunner(model_path, num_slots=slots, max_len=max_context))
+        self.drafter = ModelDrafter(name, ModelRunner(model_path, num_slots=slots,
+                                                      max_len=max_context, quantize=quantize))
         self.book = ContextBook()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
 
@@ -133,10 +135,11 @@ def _tree_size(branching: tuple[int, ...], k: int) -> int:
     return size
 
 
-def run(model: str, name: str | None, cfg: ServerConfig, slots: int = 64) -> None:
+def run(model: str, name: str | None, cfg: ServerConfig, slots: int = 64,
+        quantize: Quantization = "none") -> None:
     """Load the model, then serve until SIGTERM."""
     name = name or Path(model).name
-    service = DrafterService(name, model, slots=slots)
+    service = DrafterService(name, model, slots=slots, quantize=quantize)
     cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
     cfg.trace_service = f"spin-drafter-{name}"
     asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),

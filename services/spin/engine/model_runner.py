@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from .kv_cache import KVCache
+from .quant import Int8Linear, Quantization, linear
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -42,11 +43,11 @@ class ForwardItem:
 class _Layer:
     """One decoder layer's weights, with q/k/v and gate/up fused into single matrices."""
 
-    qkv: torch.Tensor              # [(H + 2 * KVH) * hd, D]
-    qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * hd] (Qwen2) or None
-    o: torch.Tensor                # [D, H * hd]
-    gate_up: torch.Tensor          # [2 * I, D]
-    down: torch.Tensor             # [D, I]
+    qkv: torch.Tensor | Int8Linear  # [(H + 2 * KVH) * hd, D]
+    qkv_bias: torch.Tensor | None   # [(H + 2 * KVH) * hd] (Qwen2) or None (or packed in qkv)
+    o: torch.Tensor | Int8Linear    # [D, H * hd]
+    gate_up: torch.Tensor | Int8Linear  # [2 * I, D]
+    down: torch.Tensor | Int8Linear     # [D, I]
     attn_norm: torch.Tensor        # [D]
     mlp_norm: torch.Tensor         # [D]
 
@@ -55,7 +56,14 @@ class ModelRunner:
     """A loaded model and its KV cache."""
 
     def __init__(self, path: str | Path, num_slots: int = 16, max_len: int | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 quantize: Quantization = "none") -> None:
+        """``quantize="int8"``: int8 linear weights (``quant.py``; draft models only, CPU and
+        fp32 activations)."""
+        if quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        if quantize == "int8" and (torch.device(device).type != "cpu" or dtype != torch.float32):
+            raise ValueError("int8 weights need device='cpu' and dtype=float32")
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         cfg = hf.config
         if cfg.model_type not in SUPPORTED:
@@ -76,9 +84,15 @@ class ModelRunner:
         base = hf.model
         self.embed = base.embed_tokens.weight
         self.norm = base.norm.weight
-        self.lm_head = hf.lm_head.weight
+        self.lm_head: torch.Tensor | Int8Linear = hf.lm_head.weight                 # [V, D]
         self.rotary = base.rotary_emb
         self.layers = [self._layer(layer) for layer in base.layers]
+        self.quantize = quantize
+        if quantize == "int8":
+            self.lm_head = Int8Linear(self.lm_head)
+            self.layers = [_Layer(Int8Linear(w.qkv, w.qkv_bias), None, Int8Linear(w.o),
+                                  Int8Linear(w.gate_up), Int8Linear(w.down), w.attn_norm,
+                                  w.mlp_norm) for w in self.layers]
         self._iota = torch.arange(self.max_len + 1, device=self.device)  # sliced, never rebuilt
         self.cache = KVCache(len(self.layers), num_slots, self.kv_heads, self.max_len,
                              self.head_dim, dtype, device)
@@ -162,7 +176,7 @@ class ModelRunner:
         cos, sin = cos[:, None], sin[:, None]
         for li, w in enumerate(self.layers):
             h = self._rms(x, w.attn_norm)
-            qkv = F.linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim).transpose(1, 2)
+            qkv = linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim).transpose(1, 2)
             q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)     # [B, *, Lq, hd]
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             ck, cv = self.cache.k[li], self.cache.v[li]                               # [S, KVH, L, hd]
@@ -176,13 +190,13 @@ class ModelRunner:
                 keys, values = ck[slots, :, :lk], cv[slots, :, :lk]                   # [B, KVH, Lk, hd]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=lay["mask"],
                                                   enable_gqa=self.kv_heads != self.heads)
-            x = x + F.linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
-            gate, up = F.linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down)
+            x = x + linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
+            gate, up = linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, w.down)
         if last_only:
             last = torch.tensor([len(it.tokens) - 1 for it in items], device=self.device)
             x = x[torch.arange(b, device=self.device), last][:, None]                 # [B, 1, D]
-        return F.linear(self._rms(x, self.norm), self.lm_head)                        # [B, Lq, V]
+        return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lq, V]
 
 
 def _ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

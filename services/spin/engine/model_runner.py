@@ -87,7 +87,6 @@ class ModelRunner:
         self.lm_head: torch.Tensor | Int8Linear = hf.lm_head.weight                 # [V, D]
         self.rotary = base.rotary_emb
         self.layers = [self._layer(layer) for layer in base.layers]
-        self.quantize = quantize
         if quantize == "int8":
             self.lm_head = Int8Linear(self.lm_head)
             self.layers = [_Layer(Int8Linear(w.qkv, w.qkv_bias), None, Int8Linear(w.o),

@@ -39,11 +39,10 @@ class Int8Linear:
                              f"{weight.device.type}")
         w = weight.detach().float()                                              # [N, K]
         scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)                   # [N]
-        self.out_features, self.in_features = w.shape
+        zero = torch.zeros_like(scale, dtype=torch.long)                         # [N]
         with warnings.catch_warnings():  # quantized tensors are the packing's input format only
             warnings.simplefilter("ignore", UserWarning)
-            q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long),
-                                           0, torch.qint8)
+            q = torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(
             q, None if bias is None else bias.detach().float())
 

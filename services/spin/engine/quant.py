@@ -20,6 +20,7 @@ predictions of draft-code agree with fp32 at 96.5% of held-out positions (``test
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Literal
 
@@ -51,9 +52,17 @@ class Int8Linear:
         return torch.ops.quantized.linear_dynamic(x, self._packed)
 
 
+@functools.cache
 def available() -> bool:
-    """Whether this torch build has the int8 CPU kernels (fbgemm or x86)."""
-    return any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86"))
+    """Whether this torch build has the int8 CPU kernels (fbgemm or x86) and the packing API
+    (torch has deprecated quantized tensors; a build without them serves weights as loaded)."""
+    if not any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86")):
+        return False
+    try:
+        Int8Linear(torch.ones(2, 2))(torch.ones(1, 2))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def resolve(choice: str) -> Quantization:

@@ -112,3 +112,5 @@ def test_the_cost_model_is_measured_again_for_other_drafter_weights(tmp_path: Pa
     assert _cost_model_stale(path, "int8") is None
     path.write_text("{not json")
     assert "unreadable" in _cost_model_stale(path, "int8")
+    path.write_text("[1, 2]")
+    assert "not a JSON object" in _cost_model_stale(path, "int8")

@@ -134,9 +134,12 @@ def _cost_model_stale(path: Path, quantize: str) -> str | None:
     if not path.exists():
         return "none yet; once"
     try:
-        measured = json.loads(path.read_text()).get("drafter_quantize", "none")
+        raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         return f"unreadable ({e})"
+    if not isinstance(raw, dict):
+        return "unreadable (not a JSON object)"
+    measured = raw.get("drafter_quantize", "none")
     if measured != quantize:
         return f"measured with drafter weights {measured!r}, serving {quantize!r}"
     return None

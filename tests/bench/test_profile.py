@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from spin.bench.profile import ProfileConfig, run_profile
+from spin.engine import quant
 from spin.policy.cost_model import CostModel
 
 
@@ -16,14 +17,15 @@ class TinyGrid(ProfileConfig):
 
 def test_profile_writes_a_loadable_cost_model(tmp_path: Path, family_dir: Path) -> None:
     out = tmp_path / "cost.json"
+    weights = quant.resolve("auto")  # int8 where this torch has the kernels
     r = run_profile(TinyGrid(family_dir=family_dir, drafters=["draft-structured"], out=out,
-                             drafter_quantize="int8"))
+                             drafter_quantize=weights))
     assert r["verify_points"] == 2 * 2 * 2 and r["draft_points"] == 2 * 2 * 2
     model = CostModel.load(out)
     assert model.has_drafter("draft-structured") and not model.has_drafter("draft-code")
     assert model.predict_verify(2, 6, 96) > 0 and model.predict_draft("draft-structured", 1, 2, 16) > 0
     raw = json.loads(out.read_text())
-    assert raw["drafter_quantize"] == "int8"  # spin serve measures again for other weights
+    assert raw["drafter_quantize"] == weights  # spin serve measures again for other weights
     mape = raw["fit_mape"]
     assert set(mape) >= {"verify", "draft-structured", "overall"}
     assert all(v >= 0 for v in mape.values())

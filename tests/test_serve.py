@@ -6,6 +6,7 @@ These tests break their own embedded deployment (one drafter, no Redis), apart f
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import signal
 import subprocess
 import sys
@@ -100,17 +101,43 @@ def test_spin_serve_prints_the_endpoint_and_stops_on_ctrl_c(tmp_path: Path) -> N
 
 def test_the_cost_model_is_measured_again_for_other_drafter_weights(tmp_path: Path) -> None:
     """``spin serve`` profiles when the cost model is missing, unreadable, or was measured with
-    other drafter weights than it serves (a file from before int8 drafters counts as 'none')."""
+    other drafter weights (a file from before int8 drafters counts as 'none') or another number
+    of verifier threads (a file from before they were recorded counts as 2) than it serves."""
     from spin.serve import _cost_model_stale
 
     path = tmp_path / "cost_model.json"
-    assert "none yet" in _cost_model_stale(path, "int8")
+    assert "none yet" in _cost_model_stale(path, "int8", 2)
     path.write_text('{"version": 1}')
-    assert _cost_model_stale(path, "none") is None
-    assert "measured with drafter weights 'none', serving 'int8'" == _cost_model_stale(path, "int8")
-    path.write_text('{"version": 1, "drafter_quantize": "int8"}')
-    assert _cost_model_stale(path, "int8") is None
+    assert _cost_model_stale(path, "none", 2) is None
+    assert "measured with drafter weights 'none', serving 'int8'" == _cost_model_stale(path, "int8", 2)
+    assert "measured with 2 verifier threads, serving with 1" == _cost_model_stale(path, "none", 1)
+    path.write_text('{"version": 1, "drafter_quantize": "int8", "threads": 1}')
+    assert _cost_model_stale(path, "int8", 1) is None
+    assert "measured with 1 verifier threads, serving with 2" == _cost_model_stale(path, "int8", 2)
     path.write_text("{not json")
-    assert "unreadable" in _cost_model_stale(path, "int8")
+    assert "unreadable" in _cost_model_stale(path, "int8", 2)
     path.write_text("[1, 2]")
-    assert "not a JSON object" in _cost_model_stale(path, "int8")
+    assert "not a JSON object" in _cost_model_stale(path, "int8", 2)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="splitting cores needs 2")
+def test_split_cores_pin_each_service_and_pipeline_losslessly(tmp_path: Path) -> None:
+    """``cpus="split"``: the verifier on cores of its own with one torch thread each, the drafter
+    and router on the others; two micro-batches over it give the target's own output."""
+    from spin.cpus import available_cpus, split
+
+    side, own = split(available_cpus())
+    with Embedded(ServeConfig(port=0, drafters=["draft-code"], redis=False, log_dir=tmp_path,
+                              policy="fixed", default_drafter="draft-code", micro_batches=2,
+                              cpus="split")) as emb:
+        placed = {c.role: sorted(os.sched_getaffinity(c.proc.pid)) for c in emb.children}
+        assert placed == {"verifier": own, "drafter-draft-code": side, "router": side}
+        assert f"--threads {len(own)} " in " ".join(emb.child("verifier", "verifier").proc.args)
+        prompts = [PROMPT, "import os\nimport sys\n\n", "def main():\n", "class A:\n    x = 1\n"]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            spec = list(pool.map(lambda p: collect(emb.endpoint, request(
+                p, max_tokens=32, mode="drafter", drafter="draft-code", k=3, ignore_eos=True))[0],
+                prompts))
+        off = [collect(emb.endpoint, request(p, max_tokens=32, mode="off", ignore_eos=True))[0]
+               for p in prompts]
+        assert spec == off

@@ -60,10 +60,22 @@ def _server_config(args: argparse.Namespace):
 
 
 def _threads(args: argparse.Namespace) -> None:
+    """Pin the process to ``--cpus`` (if given), then set torch's threads: ``--threads``, else
+    one per pinned core."""
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _place(args)
+    threads = args.threads or len(args.cpus or ())
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _place(args: argparse.Namespace) -> None:
+    """Pin the process to ``--cpus``, if given (before it starts threads of its own)."""
+    from .cpus import pin
+
+    if args.cpus is not None:
+        pin(args.cpus)
 
 
 def _verifier(args: argparse.Namespace) -> int:
@@ -87,6 +99,7 @@ def _router(args: argparse.Namespace) -> int:
     from .router.scheduler import SchedulerConfig
     from .router.server import RouterConfig, run
 
+    _place(args)
     drafters = {}
     for spec in args.drafter:
         name, sep, addr = spec.partition("=")
@@ -171,7 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
                              default_drafter=args.default_drafter, default_k=args.default_k,
                              max_batch=args.max_batch, max_queue=args.max_queue,
                              redis=not args.no_redis, policy=args.policy,
-                             micro_batches=args.micro_batches,
+                             micro_batches=args.micro_batches, cpus=args.cpus,
                              policy_config=args.policy_config,
                              drafter_quantize=args.drafter_quantize))
 
@@ -301,11 +314,17 @@ def _bench_policy(args: argparse.Namespace) -> int:
               f"best fixed {row['best_fixed_mean_latency_s']:.2f} s; auto p99 "
               f"{row['auto_p99_latency_s']:.2f} s")
     pl = r["pipeline"]
-    print(f"pipeline ({r['requests']} concurrent requests, draft-code k=4): step {1e3 * pl['step_s']:.1f} ms "
-          f"with two micro-batches vs {1e3 * pl['step_s_unpipelined']:.1f} ms with one "
-          f"(draft {1e3 * pl['draft_s']:.1f} ms, verify {1e3 * pl['verify_s']:.1f} ms, max "
-          f"{1e3 * pl['max_draft_verify_s']:.1f} ms); {pl['tokens_per_s_on']:.1f} vs "
-          f"{pl['tokens_per_s_off']:.1f} tok/s")
+    if "skipped" in pl:
+        print(f"pipeline: skipped ({pl['skipped']})")
+    else:
+        print(f"pipeline ({pl['requests']} concurrent requests, draft-code k=4, verifier on cores "
+              f"{pl['cpus']['verifier']}, drafter and routers on {pl['cpus']['drafters_and_routers']}):"
+              f" step {1e3 * pl['step_s']:.1f} ms with two micro-batches vs "
+              f"{1e3 * pl['step_s_unpipelined']:.1f} ms with one (draft {1e3 * pl['draft_s']:.1f} ms, "
+              f"verify {1e3 * pl['verify_s']:.1f} ms: step / max = "
+              f"{pl['step_s'] / pl['max_draft_verify_s']:.2f}); {pl['tokens_per_s_on']:.1f} vs "
+              f"{pl['tokens_per_s_off']:.1f} tok/s, and {pl['tokens_per_s_shared_cores']:.1f} with "
+              f"one micro-batch on shared cores")
     dc = r["decomposition"]
     print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
           f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "
@@ -376,6 +395,15 @@ def _write_json(path: str | None, report: dict) -> None:
         print(f"wrote {path}")
 
 
+def _cpu_list(text: str) -> list[int]:
+    from .cpus import parse_cpus
+
+    try:
+        return parse_cpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(kind: type) -> callable:
     def parse(text: str):
         value = kind(text)
@@ -432,6 +460,8 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--metrics-port", type=int, default=metrics_port,
                         help="Prometheus port (0 = a free one; default: none)")
         sp.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+        sp.add_argument("--cpus", type=_cpu_list, metavar="LIST",
+                        help="run on these cores only, e.g. 1 or 0,2-3 (Linux; default: all)")
         return sp
 
     for role, port in (("verifier", 50061), ("drafter", 50071)):
@@ -500,6 +530,10 @@ def parser() -> argparse.ArgumentParser:
                          "the target's either way (auto: int8 where this torch has the kernels)")
     sv.add_argument("--micro-batches", type=_positive(int), default=1,
                     help="micro-batches in flight in the router (2 = pipelined)")
+    sv.add_argument("--cpus", choices=("shared", "split"), default="shared",
+                    help="split: the verifier on cores of its own, the drafters and the router "
+                         "on the others (for --micro-batches 2 on a CPU-only machine: drafting "
+                         "and verification then run at once without slowing each other)")
     sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="the router's policy (learned profiles the machine on first start)")
     sv.add_argument("--policy-config", help="JSON overrides of the learned policy's settings "

@@ -24,7 +24,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from .cpus import available_cpus, format_cpus, split
 from .engine.quant import resolve as resolve_quantize
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
@@ -63,10 +65,16 @@ class ServeConfig:
     """Start a redis-server for statistics when the binary exists."""
     log_dir: Path = field(default_factory=lambda: BUILD_DIR.parent / "serve")
     threads: int = 2
-    """Torch threads of the verifier."""
+    """Torch threads of the verifier (with ``cpus="split"``: one per core of its own)."""
     drafter_threads: int = 1
     """Torch threads per drafter (small models gain little from more, and on a small machine
     their idle thread pools would compete with the verifier's)."""
+    cpus: Literal["shared", "split"] = "shared"
+    """Cores of the services: 'shared' (every process may run on every core), or 'split'
+    (``cpus.split``: the drafters and the router pinned to a quarter of the cores, at least one,
+    the verifier to the rest). Split suits ``micro_batches=2`` on a CPU-only machine, where one
+    micro-batch is drafted while the other is verified: on shared cores a drafter displaces one
+    of the verifier's threads and every operator waits for it."""
     drafter_quantize: str = "auto"
     """Weights of the draft models: 'none' (as loaded), 'int8' (``engine/quant.py``: faster
     drafts on CPU, the same output), or 'auto' (int8 where this torch has the kernels). The cost
@@ -128,9 +136,11 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _cost_model_stale(path: Path, quantize: str) -> str | None:
+def _cost_model_stale(path: Path, quantize: str, threads: int) -> str | None:
     """Why the cost model at ``path`` must be measured (again), or None: missing, unreadable, or
-    measured with other drafter weights (a file without the field predates int8 drafters)."""
+    measured with other drafter weights (a file without the field predates int8 drafters) or
+    another number of verifier threads (without the field: 2, what ``spin serve`` gave before
+    it recorded them)."""
     if not path.exists():
         return "none yet; once"
     try:
@@ -142,6 +152,9 @@ def _cost_model_stale(path: Path, quantize: str) -> str | None:
     measured = raw.get("drafter_quantize", "none")
     if measured != quantize:
         return f"measured with drafter weights {measured!r}, serving {quantize!r}"
+    measured_threads = raw.get("threads", 2)
+    if measured_threads != threads:
+        return f"measured with {measured_threads} verifier threads, serving with {threads}"
     return None
 
 
@@ -189,18 +202,23 @@ class Embedded:
             fam = cfg.family_dir
             names = cfg.drafters if cfg.drafters is not None else family_members(fam)
             quantize = resolve_quantize(cfg.drafter_quantize)
-            stale = _cost_model_stale(cfg.cost_model, quantize)
+            verifier_threads, side_cpus, verifier_cpus = cfg.threads, (), ()
+            if cfg.cpus == "split":
+                side, own = split(available_cpus())
+                side_cpus, verifier_cpus = ("--cpus", format_cpus(side)), ("--cpus", format_cpus(own))
+                verifier_threads = len(own)
+            stale = _cost_model_stale(cfg.cost_model, quantize, verifier_threads)
             if cfg.policy == "learned" and stale:
                 print(f"measuring this machine for the cost model ({cfg.cost_model}: {stale}) ...",
                       flush=True)
                 subprocess.run(_spin("profile", "--quick", "--family-dir", str(fam), "--out",
-                                     str(cfg.cost_model), "--threads", str(cfg.threads),
+                                     str(cfg.cost_model), "--threads", str(verifier_threads),
                                      "--drafter-threads", str(cfg.drafter_threads),
                                      "--drafter-quantize", quantize),
                                check=True, env=env)
-            threads = ("--threads", str(cfg.threads), "--metrics-port", "0")
+            threads = ("--threads", str(verifier_threads), "--metrics-port", "0", *verifier_cpus)
             drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0",
-                               "--quantize", quantize)
+                               "--quantize", quantize, *side_cpus)
             self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),
                                                          "--port", "0", *threads), cfg.log_dir, env))
             for name in names:
@@ -214,7 +232,7 @@ class Embedded:
                     "--metrics-port", str(cfg.metrics_port), "--default-drafter",
                     cfg.default_drafter, "--default-k", str(cfg.default_k),
                     "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue),
-                    "--micro-batches", str(cfg.micro_batches)]
+                    "--micro-batches", str(cfg.micro_batches), *side_cpus]
             argv += ["--policy", cfg.policy, "--cost-model", str(cfg.cost_model)]
             if cfg.policy_config:
                 argv += ["--policy-config", cfg.policy_config]

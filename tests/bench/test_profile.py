@@ -19,13 +19,14 @@ def test_profile_writes_a_loadable_cost_model(tmp_path: Path, family_dir: Path) 
     out = tmp_path / "cost.json"
     weights = quant.resolve("auto")  # int8 where this torch has the kernels
     r = run_profile(TinyGrid(family_dir=family_dir, drafters=["draft-structured"], out=out,
-                             drafter_quantize=weights))
+                             drafter_quantize=weights, threads=1))
     assert r["verify_points"] == 2 * 2 * 2 and r["draft_points"] == 2 * 2 * 2
     model = CostModel.load(out)
     assert model.has_drafter("draft-structured") and not model.has_drafter("draft-code")
     assert model.predict_verify(2, 6, 96) > 0 and model.predict_draft("draft-structured", 1, 2, 16) > 0
     raw = json.loads(out.read_text())
     assert raw["drafter_quantize"] == weights  # spin serve measures again for other weights
+    assert raw["threads"] == 1  # ... and for another number of verifier threads
     mape = raw["fit_mape"]
     assert set(mape) >= {"verify", "draft-structured", "overall"}
     assert all(v >= 0 for v in mape.values())

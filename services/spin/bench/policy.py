@@ -19,7 +19,9 @@ prose and structured prompts, greedy, ``new_tokens`` each. Measured in one run:
 3. The cost model's error (MAPE): its fit on its own profile, and in serving (predicted vs
    measured time of the learned policy's steps, router metrics); lossless mismatches: every
    speculative output of the run compared with speculation off.
-4. Pipelining (``_pipeline``) and request decomposition (``_decomposition``), each on vs off.
+4. Pipelining (``_pipeline``, on a deployment of its own with the cores split between the
+   verifier and the drafting side) and request decomposition (``_decomposition``), each on vs
+   off.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request, arrival_times, build_workload
 
 from ..policy.decompose import decompose
+from ..router.scheduler import SchedulerConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 from .services import _router_times
@@ -73,6 +76,12 @@ class PolicyBenchConfig:
     @property
     def load_fractions(self) -> tuple[float, ...]:
         return (0.1, 0.5, 1.0) if self.quick else (0.1, 0.3, 0.6, 1.0, 1.5)
+
+    @property
+    def pipeline_requests(self) -> int:
+        """Concurrent requests of the pipeline section: a full batch (the router's default
+        ``max_batch``), the saturated server pipelining is for; two micro-batches of half."""
+        return SchedulerConfig().max_batch
 
     @property
     def sweep_requests(self) -> int:
@@ -185,8 +194,13 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
                 row[f"{name}_p99_latency_s"] = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
             sweep.append(row)
         report["sweep"] = sweep
-        report["pipeline"], outputs = _pipeline(emb, workload, cfg, log_dir)
-        mismatches += sum(o != ref for o, ref in zip(outputs, reference + reference))
+        # the pipeline section's batch on this deployment (cores shared, one micro-batch)
+        batch = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+        res, wall = _run(ep, batch, "draft-code", 4, cfg, "pipeline: shared cores",
+                         concurrency=len(batch))
+        shared = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / wall)
+    report["pipeline"], wrong = _pipeline(cfg, log_dir, shared)
+    mismatches += wrong
     # the profile's fit error on its own points (spin serve measured it on first start), and in
     # serving: |predicted - measured| / measured over the learned policy's steps, where the
     # measured step also holds the router's round trips and scoring calls
@@ -236,49 +250,69 @@ def _held_out(e2e: dict[str, list[list[float]]],
     return _medians(timed)
 
 
-def _pipeline(emb: Embedded, workload: list[Request], cfg: PolicyBenchConfig,
-              log_dir: Path) -> tuple[dict, list[list[int]]]:
-    """The same concurrent batch (draft-code, k=4) through a router with one micro-batch and
-    through a second router with two (drafting one while the other is verified); the report and
-    every output (one-micro-batch run first)."""
+def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
+              shared: tuple[list[list[int]], float]) -> tuple[dict, int]:
+    """SPIN's pipeline on a deployment of its own whose cores are split (``cpus.split``): the
+    verifier on cores of its own, draft-code and the routers on the others, as a GPU verifier
+    beside CPU-side drafting would be. The same concurrent batch (draft-code, k=4) through its
+    router with one micro-batch and through a second router with two (one drafted while the
+    other is verified). ``shared``: that batch's outputs and tokens/s on the benchmark's own
+    deployment (cores shared, one micro-batch), for comparison. Returns the report and the lossless
+    mismatches (every output against speculation off on the split deployment).
+
+    A step of a run is the wall time over the most steps any of its requests took: the time to
+    advance every running request by one step (both runs take the same steps per request: the
+    same drafter, k and greedy acceptance). ``draft_s`` and ``verify_s`` are the one-micro-batch
+    run's means per step, from the router's metrics."""
+    from ..cpus import available_cpus, format_cpus, split
     from ..serve import Child, _spin
 
-    verifier = emb.child("verifier", "verifier")
-    drafters = [c for c in emb.children if c.role.startswith("drafter-")]
-    argv = ["router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
-            str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0",
-            "--policy", "fixed", "--micro-batches", "2"]
-    for c in drafters:
-        argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
-    piped = Child("router-pipelined", _spin(*argv), log_dir, None)
-    out: dict = {}
-    outputs: list[list[int]] = []
-    try:
-        piped.wait_ready(120)
-        for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
-                                         ("on", piped.port, piped.metrics_port)):
-            before = _router_times(metrics_port)
-            res, wall = _run(f"127.0.0.1:{port}", workload, "draft-code", 4, cfg,
-                             f"pipeline {name}", concurrency=len(workload))
-            after = _router_times(metrics_port)
-            outputs += [r.token_ids for r in res]
-            d = {k: after[k] - before.get(k, 0.0) for k in after}
-            steps = d["spin:step_seconds_count"]
-            out[name] = {"wall_s": wall, "lane_steps": steps,
-                         "tokens_per_s": sum(len(r.token_ids) for r in res) / wall,
-                         "draft_s": d["spin:step_draft_seconds_sum"] / steps,
-                         "verify_s": d["spin:step_verify_seconds_sum"] / steps,
-                         "lane_step_s": d["spin:step_seconds_sum"] / steps}
-    finally:
-        piped.stop(10)
-    lanes = 2
-    return {  # step_s: the time to advance every running request by one step
-        "step_s": out["on"]["wall_s"] / (out["on"]["lane_steps"] / lanes),
-        "step_s_unpipelined": out["off"]["wall_s"] / out["off"]["lane_steps"],
-        "draft_s": out["off"]["draft_s"], "verify_s": out["off"]["verify_s"],
-        "max_draft_verify_s": max(out["off"]["draft_s"], out["off"]["verify_s"]),
-        "tokens_per_s_on": out["on"]["tokens_per_s"], "tokens_per_s_off": out["off"]["tokens_per_s"],
-        "runs": out}, outputs
+    cpus = available_cpus()
+    if len(cpus) < 2:
+        return {"skipped": f"needs 2 cores, this process has {format_cpus(cpus)}"}, 0
+    side, own = split(cpus)
+    workload = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    out: dict = {"cpus": {"drafters_and_routers": format_cpus(side),
+                          "verifier": format_cpus(own)}, "requests": len(workload)}
+    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",
+                              drafters=["draft-code"], policy="fixed", redis=False,
+                              cpus="split")) as emb:
+        verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
+        piped = Child("router-pipelined", _spin(
+            "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+            str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
+            "fixed", "--micro-batches", "2", "--cpus", format_cpus(side),
+            "--drafter", f"draft-code=127.0.0.1:{code.port}"), emb.cfg.log_dir, None)
+        try:
+            piped.wait_ready(120)
+            off, _ = _run(emb.endpoint, workload, "off", 0, cfg, "pipeline: speculation off",
+                          concurrency=len(workload))
+            reference = [r.token_ids for r in off]
+            mismatches = sum(o != ref for o, ref in zip(shared[0], reference))
+            runs = {}
+            for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
+                                             ("on", piped.port, piped.metrics_port)):
+                before = _router_times(metrics_port)
+                res, wall = _run(f"127.0.0.1:{port}", workload, "draft-code", 4, cfg,
+                                 f"pipeline {name}", concurrency=len(workload))
+                d = {k: v - before.get(k, 0.0) for k, v in _router_times(metrics_port).items()}
+                mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))
+                steps = max(r.speculation.steps for r in res)
+                calls = d["spin:step_seconds_count"]  # draft -> verify rounds of all lanes
+                runs[name] = {"wall_s": wall, "steps": steps, "step_s": wall / steps,
+                              "tokens_per_s": sum(len(r.token_ids) for r in res) / wall,
+                              "lane_steps": calls,
+                              "lane_draft_s": d["spin:step_draft_seconds_sum"] / calls,
+                              "lane_verify_s": d["spin:step_verify_seconds_sum"] / calls}
+        finally:
+            piped.stop(10)
+    on, one = runs["on"], runs["off"]
+    out.update({"step_s": on["step_s"], "step_s_unpipelined": one["step_s"],
+                "draft_s": one["lane_draft_s"], "verify_s": one["lane_verify_s"],
+                "max_draft_verify_s": max(one["lane_draft_s"], one["lane_verify_s"]),
+                "tokens_per_s_on": on["tokens_per_s"], "tokens_per_s_off": one["tokens_per_s"],
+                "tokens_per_s_shared_cores": shared[1], "runs": runs})
+    return out, mismatches
 
 
 def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) -> dict:

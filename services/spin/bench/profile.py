@@ -142,6 +142,7 @@ def run_profile(cfg: ProfileConfig) -> dict:
     raw = json.loads(cfg.out.read_text())  # keep the fit error beside the coefficients
     raw["fit_mape"] = errors
     raw["drafter_quantize"] = cfg.drafter_quantize
+    raw["threads"] = cfg.threads or default_threads
     cfg.out.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     table = k_table(model, {n: 0.7 for n in names}, batches, max(ks), contexts[0])
     return {"out": str(cfg.out), "mape": errors, "verify_points": len(verify),

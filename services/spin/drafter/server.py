@@ -23,6 +23,7 @@ from ..engine.model_runner import ModelRunner
 from ..engine.quant import Quantization
 from ..engine.tree import TokenTree
 from ..obs import metrics, tracing
+from ..rpc.batches import in_order
 from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_to_proto
 from ..rpc.serving import ServerConfig, announce, serve
@@ -54,9 +55,8 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
 
     async def Speculate(self, request_iterator: AsyncIterator[drafter_pb2.SpeculateRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[drafter_pb2.SpeculateResponse]:
-        loop = asyncio.get_running_loop()
-        async for batch in request_iterator:
-            yield await loop.run_in_executor(self._pool, self.run_batch, batch)
+        async for resp in in_order(request_iterator, self.run_batch, self._pool):
+            yield resp
 
     def run_batch(self, batch: drafter_pb2.SpeculateRequest) -> drafter_pb2.SpeculateResponse:
         """Release, sync contexts, draft; one result per task, in task order."""

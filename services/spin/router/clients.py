@@ -1,14 +1,17 @@
 """The router's streams to drafters and the verifier.
 
-One bidi stream per service replica, one batch in flight on it at a time (the router awaits each
-response). A failed or stalled call closes the stream and marks the service down; it is retried
-after a back-off, on a fresh stream. The services' per-request contexts survive a reconnect (they
-answer *resync* for anything they lost, e.g. after a restart).
+One bidi stream per service replica. Batches are written in order and answered in order; more than
+one may be in flight (the router's micro-batches), so a replica receives and queues the next batch
+while it computes the current one. A failed or stalled call closes the stream, fails every call in
+flight on it, and marks the service down; it is retried after a back-off, on a fresh stream. The
+services' per-request contexts survive a reconnect (they answer *resync* for anything they lost,
+e.g. after a restart).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any
@@ -41,7 +44,10 @@ class StreamClient:
         else:
             self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
         self._call: Any = None
-        self._lock = asyncio.Lock()
+        self._reader: asyncio.Task | None = None
+        self._pending: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        """(batch id, its response) of the batches written and not yet answered, in order"""
+        self._write = asyncio.Lock()
         self._batch = 0
         self._failures = 0
         self._retry_at = 0.0
@@ -62,35 +68,70 @@ class StreamClient:
         return resp.info
 
     async def call(self, batch, timeout_s: float | None = None):
-        """Send one batch (its batch_id is set here) and return the matching response."""
+        """Send one batch (its batch_id is set here) and return the matching response; calls
+        made while others are in flight are written at once and answered after them."""
         if not self.available:
             raise ServiceDown(f"{self.kind} {self.name} is down")
-        async with self._lock:
+        async with self._write:
             self._batch += 1
             batch.batch_id = self._batch
+            answer = asyncio.get_running_loop().create_future()
+            answer.add_done_callback(_retrieved)  # a timed-out caller no longer awaits it
             try:
                 if self._call is None:
                     self._call = (self.stub.Speculate() if self.kind == "drafter"
                                   else self.stub.Verify())
+                    self._reader = asyncio.create_task(self._read(self._call))
+                self._pending.append((batch.batch_id, answer))
                 await self._call.write(batch)
-                resp = await asyncio.wait_for(self._call.read(), timeout_s or self.timeout_s)
+            except Exception as e:  # the stream broke (AioRpcError) or could not be used
+                self._mark_down(e)
+                if not answer.done():
+                    answer.set_exception(ServiceDown(f"{self.kind} {self.name} at "
+                                                     f"{self.address}: {_describe(e)}"))
+        try:  # shielded: a timed-out wait fails the stream, not just this future
+            resp = await asyncio.wait_for(asyncio.shield(answer), timeout_s or self.timeout_s)
+        except asyncio.TimeoutError as e:
+            self._mark_down(e)
+            raise ServiceDown(f"{self.kind} {self.name} at {self.address}: timed out") from e
+        if not self.up:
+            log.info("%s %s at %s is back", self.kind, self.name, self.address)
+        self.up, self._failures = True, 0
+        return resp
+
+    async def _read(self, call: Any) -> None:
+        """Hand each response of ``call`` to the oldest batch in flight."""
+        try:
+            while True:
+                resp = await call.read()
                 if resp is grpc.aio.EOF:
                     raise ServiceDown(f"{self.kind} {self.name} closed the stream")
-                if resp.batch_id != batch.batch_id:
+                if not self._pending:
                     raise ServiceDown(f"{self.kind} {self.name} answered batch {resp.batch_id} "
-                                      f"to batch {batch.batch_id}")
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ServiceDown) as e:
+                                      f"with none in flight")
+                batch_id, answer = self._pending.popleft()
+                if resp.batch_id != batch_id:
+                    raise ServiceDown(f"{self.kind} {self.name} answered batch {resp.batch_id} "
+                                      f"to batch {batch_id}")
+                if not answer.done():
+                    answer.set_result(resp)
+        except Exception as e:  # AioRpcError, ServiceDown, or a bug: no call waits forever
+            if call is self._call:
                 self._mark_down(e)
-                raise ServiceDown(f"{self.kind} {self.name} at {self.address}: {_describe(e)}") from e
-            if not self.up:
-                log.info("%s %s at %s is back", self.kind, self.name, self.address)
-            self.up, self._failures = True, 0
-            return resp
 
     def _mark_down(self, error: BaseException) -> None:
+        """Close the stream and fail every call in flight on it."""
         if self._call is not None:
             self._call.cancel()
             self._call = None
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+        self._reader = None
+        down = ServiceDown(f"{self.kind} {self.name} at {self.address}: {_describe(error)}")
+        while self._pending:
+            _, answer = self._pending.popleft()
+            if not answer.done():
+                answer.set_exception(down)
         self._failures += 1
         delay = min(self.backoff_s[0] * 2 ** (self._failures - 1), self.backoff_s[1])
         self._retry_at = time.monotonic() + delay
@@ -101,8 +142,13 @@ class StreamClient:
 
     async def close(self) -> None:
         if self._call is not None:
-            self._call.cancel()
+            self._mark_down(ServiceDown("closed"))
         await self.channel.close()
+
+
+def _retrieved(answer: asyncio.Future) -> None:
+    if not answer.cancelled():
+        answer.exception()
 
 
 def _describe(e: BaseException) -> str:

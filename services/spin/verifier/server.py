@@ -2,9 +2,10 @@
 
 Each task carries the context delta since the router last synced the request (usually nothing: the
 verifier appends the tokens it emits itself) and the drafted tree. One target forward scores the
-whole batch; the engine's acceptance rule decides. Compute runs on one worker thread. With tracing
-on, a task carrying a ``traceparent`` gets a ``spin.verify`` span under the router's step span, and
-its batch a ``spin.verifier.verify`` span (``obs/tracing.py``).
+whole batch; the engine's acceptance rule decides. Compute runs on one worker thread; a batch
+that arrives while another computes is received and queued behind it (``rpc/batches.py``). With
+tracing on, a task carrying a ``traceparent`` gets a ``spin.verify`` span under the router's step
+span, and its batch a ``spin.verifier.verify`` span (``obs/tracing.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..engine.tree import TokenTree
 from ..engine.verifier import Verifier, VerifyRequest
 from ..obs import metrics, tracing
 from ..policy.decompose import ForwardCost, decompose, padded_fraction
+from ..rpc.batches import in_order
 from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_from_proto
 from ..rpc.serving import ServerConfig, announce, serve
@@ -57,12 +59,11 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
 
     async def Verify(self, request_iterator: AsyncIterator[verifier_pb2.VerifyRequest],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[verifier_pb2.VerifyResponse]:
-        loop = asyncio.get_running_loop()
-        async for batch in request_iterator:
-            try:
-                yield await loop.run_in_executor(self._pool, self.run_batch, batch)
-            except BatchRejected as e:
-                await context.abort(e.code, str(e))
+        try:
+            async for resp in in_order(request_iterator, self.run_batch, self._pool):
+                yield resp
+        except BatchRejected as e:
+            await context.abort(e.code, str(e))
 
     def run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         """Release, sync contexts, verify in one forward; one result per task, in task order."""

@@ -1,0 +1,84 @@
+"""Receiving batches ahead: the next batch is taken off the stream while the current computes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from spin.rpc.batches import in_order
+
+
+async def _stream(items: list[int], received: list[int]):
+    for item in items:
+        received.append(item)
+        await asyncio.sleep(0)
+        yield item
+
+
+def test_the_next_batch_is_received_while_the_current_computes() -> None:
+    """Batch 0's computation waits until batch 1 has been received: without reading ahead this
+    would stall (and fail on the wait's timeout)."""
+    received: list[int] = []
+    worker = ThreadPoolExecutor(1)
+    saw_next = threading.Event()
+
+    def run(batch: int) -> int:
+        if batch == 0:
+            assert saw_next.wait(5), "batch 1 was not received while batch 0 computed"
+        return batch * 10
+
+    async def main() -> list[int]:
+        async def stream():
+            async for b in _stream([0, 1, 2, 3], received):
+                if b == 1:
+                    saw_next.set()
+                yield b
+        return [r async for r in in_order(stream(), run, worker)]
+
+    assert asyncio.run(main()) == [0, 10, 20, 30]  # in the batches' order
+    assert received == [0, 1, 2, 3]
+
+
+def test_read_ahead_is_bounded() -> None:
+    """With ``ahead=1`` at most two batches are submitted while the first computes."""
+    received: list[int] = []
+    worker = ThreadPoolExecutor(1)
+    release = threading.Event()
+    seen_while_blocked: list[int] = []
+
+    def run(batch: int) -> int:
+        if batch == 0:
+            release.wait(5)
+        return batch
+
+    async def main() -> list[int]:
+        gen = in_order(_stream(list(range(6)), received), run, worker, ahead=1)
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.2)  # batch 0 computes; the receiver runs ahead as far as it may
+        seen_while_blocked.extend(received)
+        release.set()
+        return [await first] + [r async for r in gen]
+
+    assert asyncio.run(main()) == list(range(6))
+    assert seen_while_blocked == [0, 1, 2]  # 0 and 1 submitted, 2 read and waiting for room
+
+
+def test_an_error_ends_the_stream_with_it() -> None:
+    worker = ThreadPoolExecutor(1)
+
+    def run(batch: int) -> int:
+        if batch == 1:
+            raise ValueError("bad batch 1")
+        return batch
+
+    async def main() -> list[int]:
+        out = []
+        with pytest.raises(ValueError, match="bad batch 1"):
+            async for r in in_order(_stream([0, 1, 2], []), run, worker):
+                out.append(r)
+        return out
+
+    assert asyncio.run(main()) == [0]

@@ -109,7 +109,8 @@ def test_the_cost_model_is_measured_again_for_other_drafter_weights(tmp_path: Pa
     assert "none yet" in _cost_model_stale(path, "int8", 2)
     path.write_text('{"version": 1}')
     assert _cost_model_stale(path, "none", 2) is None
-    assert "measured with drafter weights 'none', serving 'int8'" == _cost_model_stale(path, "int8", 2)
+    assert ("measured with drafter weights 'none', serving 'int8'"
+            == _cost_model_stale(path, "int8", 2))
     assert "measured with 2 verifier threads, serving with 1" == _cost_model_stale(path, "none", 1)
     path.write_text('{"version": 1, "drafter_quantize": "int8", "threads": 1}')
     assert _cost_model_stale(path, "int8", 1) is None

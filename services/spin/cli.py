@@ -318,13 +318,15 @@ def _bench_policy(args: argparse.Namespace) -> int:
         print(f"pipeline: skipped ({pl['skipped']})")
     else:
         print(f"pipeline ({pl['requests']} concurrent requests, draft-code k=4, verifier on cores "
-              f"{pl['cpus']['verifier']}, drafter and routers on {pl['cpus']['drafters_and_routers']}):"
-              f" step {1e3 * pl['step_s']:.1f} ms with two micro-batches vs "
-              f"{1e3 * pl['step_s_unpipelined']:.1f} ms with one (draft {1e3 * pl['draft_s']:.1f} ms, "
+              f"{pl['cpus']['verifier']}, drafter and routers on "
+              f"{pl['cpus']['drafters_and_routers']}): step {1e3 * pl['step_s']:.1f} ms with two "
+              f"micro-batches vs {1e3 * pl['step_s_unpipelined']:.1f} ms with one (draft "
+              f"{1e3 * pl['draft_s']:.1f} ms, "
               f"verify {1e3 * pl['verify_s']:.1f} ms: step / max = "
               f"{pl['step_s'] / pl['max_draft_verify_s']:.2f}); {pl['tokens_per_s_on']:.1f} vs "
-              f"{pl['tokens_per_s_off']:.1f} tok/s, and {pl['tokens_per_s_shared_cores']:.1f} with "
-              f"one micro-batch on shared cores")
+              f"{pl['tokens_per_s_off']:.1f} tok/s; on shared cores "
+              f"{pl['tokens_per_s_shared_cores']['two']:.1f} vs "
+              f"{pl['tokens_per_s_shared_cores']['one']:.1f} tok/s")
     dc = r["decomposition"]
     print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
           f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "

@@ -205,7 +205,8 @@ class Embedded:
             verifier_threads, side_cpus, verifier_cpus = cfg.threads, (), ()
             if cfg.cpus == "split":
                 side, own = split(available_cpus())
-                side_cpus, verifier_cpus = ("--cpus", format_cpus(side)), ("--cpus", format_cpus(own))
+                side_cpus = ("--cpus", format_cpus(side))
+                verifier_cpus = ("--cpus", format_cpus(own))
                 verifier_threads = len(own)
             stale = _cost_model_stale(cfg.cost_model, quantize, verifier_threads)
             if cfg.policy == "learned" and stale:

@@ -42,9 +42,10 @@ from tqdm import tqdm
 from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request, arrival_times, build_workload
 
+from ..cpus import available_cpus, format_cpus, split
 from ..policy.decompose import decompose
 from ..router.scheduler import SchedulerConfig
-from ..serve import Embedded, ServeConfig
+from ..serve import Child, Embedded, ServeConfig, _spin
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 from .services import _router_times
 
@@ -194,11 +195,7 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
                 row[f"{name}_p99_latency_s"] = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
             sweep.append(row)
         report["sweep"] = sweep
-        # the pipeline section's batch on this deployment (cores shared, one micro-batch)
-        batch = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
-        res, wall = _run(ep, batch, "draft-code", 4, cfg, "pipeline: shared cores",
-                         concurrency=len(batch))
-        shared = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / wall)
+        shared = _shared_cores(emb, cfg)
     report["pipeline"], wrong = _pipeline(cfg, log_dir, shared)
     mismatches += wrong
     # the profile's fit error on its own points (spin serve measured it on first start), and in
@@ -250,23 +247,55 @@ def _held_out(e2e: dict[str, list[list[float]]],
     return _medians(timed)
 
 
+def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -> Child:
+    """A second router over ``emb``'s verifier and draft-code, with two micro-batches."""
+    verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
+    piped = Child("router-pipelined", _spin(
+        "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+        str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
+        "fixed", "--micro-batches", "2", "--drafter", f"draft-code=127.0.0.1:{code.port}",
+        *(("--cpus", cpus) if cpus else ())), emb.cfg.log_dir, None)
+    try:
+        piped.wait_ready(120)
+    except BaseException:
+        piped.stop(10)
+        raise
+    return piped
+
+
+def _shared_cores(emb: Embedded,
+                  cfg: PolicyBenchConfig) -> dict[str, tuple[list[list[int]], float]]:
+    """The pipeline section's batch (draft-code, k=4) on the benchmark's own deployment, whose
+    processes share every core, through its router (one micro-batch) and through a second router
+    with two: each run's outputs and tokens/s."""
+    batch = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    piped = _pipelined_router(emb, cfg, None)
+    out = {}
+    try:
+        for name, port in (("one", emb.router.port), ("two", piped.port)):
+            res, wall = _run(f"127.0.0.1:{port}", batch, "draft-code", 4, cfg,
+                             f"pipeline: shared cores, {name} micro-batch(es)",
+                             concurrency=len(batch))
+            out[name] = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / wall)
+    finally:
+        piped.stop(10)
+    return out
+
+
 def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
-              shared: tuple[list[list[int]], float]) -> tuple[dict, int]:
+              shared: dict[str, tuple[list[list[int]], float]]) -> tuple[dict, int]:
     """SPIN's pipeline on a deployment of its own whose cores are split (``cpus.split``): the
     verifier on cores of its own, draft-code and the routers on the others, as a GPU verifier
     beside CPU-side drafting would be. The same concurrent batch (draft-code, k=4) through its
     router with one micro-batch and through a second router with two (one drafted while the
-    other is verified). ``shared``: that batch's outputs and tokens/s on the benchmark's own
-    deployment (cores shared, one micro-batch), for comparison. Returns the report and the lossless
-    mismatches (every output against speculation off on the split deployment).
+    other is verified). ``shared``: that batch on the benchmark's own deployment (cores shared,
+    ``_shared_cores``), for comparison. Returns the report and the lossless mismatches (every
+    output against speculation off on the split deployment).
 
     A step of a run is the wall time over the most steps any of its requests took: the time to
     advance every running request by one step (both runs take the same steps per request: the
     same drafter, k and greedy acceptance). ``draft_s`` and ``verify_s`` are the one-micro-batch
     run's means per step, from the router's metrics."""
-    from ..cpus import available_cpus, format_cpus, split
-    from ..serve import Child, _spin
-
     cpus = available_cpus()
     if len(cpus) < 2:
         return {"skipped": f"needs 2 cores, this process has {format_cpus(cpus)}"}, 0
@@ -277,18 +306,13 @@ def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",
                               drafters=["draft-code"], policy="fixed", redis=False,
                               cpus="split")) as emb:
-        verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
-        piped = Child("router-pipelined", _spin(
-            "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
-            str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
-            "fixed", "--micro-batches", "2", "--cpus", format_cpus(side),
-            "--drafter", f"draft-code=127.0.0.1:{code.port}"), emb.cfg.log_dir, None)
+        piped = _pipelined_router(emb, cfg, format_cpus(side))
         try:
-            piped.wait_ready(120)
             off, _ = _run(emb.endpoint, workload, "off", 0, cfg, "pipeline: speculation off",
                           concurrency=len(workload))
             reference = [r.token_ids for r in off]
-            mismatches = sum(o != ref for o, ref in zip(shared[0], reference))
+            mismatches = sum(o != ref for outputs, _ in shared.values()
+                             for o, ref in zip(outputs, reference))
             runs = {}
             for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
                                              ("on", piped.port, piped.metrics_port)):
@@ -311,7 +335,8 @@ def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
                 "draft_s": one["lane_draft_s"], "verify_s": one["lane_verify_s"],
                 "max_draft_verify_s": max(one["lane_draft_s"], one["lane_verify_s"]),
                 "tokens_per_s_on": on["tokens_per_s"], "tokens_per_s_off": one["tokens_per_s"],
-                "tokens_per_s_shared_cores": shared[1], "runs": runs})
+                "tokens_per_s_shared_cores": {n: tps for n, (_, tps) in shared.items()},
+                "runs": runs})
     return out, mismatches
 
 

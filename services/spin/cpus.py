@@ -49,15 +49,13 @@ def available_cpus() -> list[int]:
 
 def format_cpus(cpus: list[int]) -> str:
     """[0, 2, 3, 4] -> ``"0,2-4"`` (the form ``parse_cpus`` reads)."""
-    parts, run = [], []
+    runs: list[list[int]] = []
     for c in sorted(cpus):
-        if run and c != run[-1] + 1:
-            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-            run = []
-        run.append(c)
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts)
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def pin(cpus: list[int]) -> None:

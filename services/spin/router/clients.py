@@ -69,7 +69,8 @@ class StreamClient:
 
     async def call(self, batch, timeout_s: float | None = None):
         """Send one batch (its batch_id is set here) and return the matching response; calls
-        made while others are in flight are written at once and answered after them."""
+        made while others are in flight are written at once and answered after them (so the
+        timeout, counted from the write, includes the batches ahead)."""
         if not self.available:
             raise ServiceDown(f"{self.kind} {self.name} is down")
         async with self._write:

@@ -354,6 +354,8 @@ def _bench_fit(args: argparse.Namespace) -> int:
           + (f"(goodput lost: cost model {cost}):" if cost else "(no cost model):"))
     for signal, v in r["signals"].items():
         switched = f" ({v['switched']} switched)" if "switched" in v else ""
+        if "scorers_per_prompt" in v:  # the replayed prompt fit: drafters that scored a prompt
+            switched += f", {v['scorers_per_prompt']:.2f} scorers per prompt"
         good = (f", mean goodput lost {100 * v['mean_goodput_lost']:.1f}%"
                 if "mean_goodput_lost" in v else "")
         print(f"  {signal:24s} {v['hits']:4d} hits, mean acceptance lost "

@@ -34,7 +34,8 @@ def test_summary_counts_hits_losses_and_best_fit_acceptance() -> None:
             _rec(a=(0.3, 0.2, 0.8), b=(0.8, 0.4, 0.1))]  # prompt right, early output wrong
     r = summarize(recs, ["a", "b"])
     assert r["signals"]["prompt"] == {"hits": 2, "mean_acceptance_lost": 0.0}
-    assert r["signals"]["prompt_record"] == {"hits": 2, "mean_acceptance_lost": 0.0}  # no near ties
+    assert r["signals"]["prompt_record"] == {"hits": 2, "mean_acceptance_lost": 0.0,
+                                             "scorers_per_prompt": 2.0}  # no near ties
     assert r["signals"]["early_output"]["hits"] == 0
     assert r["signals"]["early_output"]["mean_acceptance_lost"] == pytest.approx(0.5)
     assert r["acceptance"]["a"] == {"all": pytest.approx(0.6), "best_fit": 0.9,
@@ -92,3 +93,16 @@ def test_fit_bench_on_the_demo_family(family_dir: Path) -> None:
         for v in rec["drafters"].values():
             assert all(0.0 <= v[s] <= 1.0 for s in ("output", "prompt", "early_output"))
     assert all(0 <= s["hits"] <= 3 for s in r["signals"].values())
+
+
+def test_the_replay_leaves_out_a_drafter_that_never_fits() -> None:
+    """c fits none of the prompts it scores and sits out once it lost 4 (unless a or b lost
+    their last 4 too: two must score), so fewer than 3 drafters score a prompt on average."""
+    recs = [_rec(a=(0.9, 0.6 - 0.3 * (i % 2), 0.0), b=(0.8, 0.3 + 0.3 * (i % 2), 0.0),
+                 c=(0.1, 0.1, 0.0)) for i in range(20)]
+    pruned = LearnedPolicyConfig(fit_prune_after=4, fit_explore_every=0)
+    r = summarize(recs, ["a", "b", "c"], pruned)["signals"]["prompt_record"]
+    assert 2.0 < r["scorers_per_prompt"] < 2.5
+    every = summarize(recs, ["a", "b", "c"], LearnedPolicyConfig(fit_prune_after=0))
+    assert every["signals"]["prompt_record"]["scorers_per_prompt"] == 3.0
+    assert r["hits"] == every["signals"]["prompt_record"]["hits"]

@@ -238,3 +238,12 @@ def test_score_task_reports_agreement_and_drafts_nothing(service, reference, pro
     # the prefill is kept: a follow-up draft needs only the delta
     (res,) = service.run_batch(_batch(_task("s", len(ctx), (), k=4), batch_id=2)).results
     assert tuple(res.tree.tokens) == _ref(reference, ctx).tokens
+
+
+def test_stop_below_ends_the_chain_as_the_engine_does(service, reference, prompts) -> None:
+    task = _task("s", 0, prompts[0], k=8)
+    task.stop_below = 0.3
+    got = service.run_batch(_batch(task)).results[0].tree
+    want = reference.propose([DraftRequest("ref", prompts[0], 8, stop_below=0.3)])[0]
+    reference.release("ref")
+    assert list(got.tokens) == list(want.tokens) and len(want.tokens) < 8

@@ -58,6 +58,47 @@ def test_catch_up_after_the_context_moved(drafter: ModelDrafter, draft_model) ->
     assert drafter.runner.cache.free_slots == 4
 
 
+@torch.inference_mode()
+def test_chain_stops_once_its_probability_falls_below_stop_below(drafter: ModelDrafter,
+                                                                 draft_model) -> None:
+    """The chain keeps the token whose probability takes it below the line, then stops; a
+    request beside it in the batch without the setting drafts all k; the next proposal after
+    an early stop is still the draft's own rollout."""
+    ctx = (5, 17, 300, 42, 9)
+    ids, sure = list(ctx), [1.0]
+    for _ in range(6):
+        probs = draft_model(input_ids=torch.tensor([ids])).logits[0, -1].softmax(-1)
+        ids.append(int(probs.argmax()))
+        sure.append(sure[-1] * float(probs.max()))  # sure[i]: the first i tokens' probability
+    assert sure[2] > sure[3]
+    stop = (sure[2] + sure[3]) / 2  # crossed by the third token
+    short, full = drafter.propose([DraftRequest("s", ctx, 6, stop_below=stop),
+                                   DraftRequest("f", ctx, 6)])
+    assert short.tokens == tuple(ids[len(ctx):len(ctx) + 3]) and short.is_chain
+    assert full.tokens == tuple(ids[len(ctx):])
+    again = drafter.propose([DraftRequest("s", ctx + short.tokens[:2], 4)])[0]
+    assert again.tokens == tuple(ids[len(ctx) + 2:len(ctx) + 6])
+    drafter.release("s")
+    drafter.release("f")
+
+
+@torch.inference_mode()
+def test_sampled_chain_stops_by_its_draft_probabilities(drafter: ModelDrafter) -> None:
+    params = SamplingParams(temperature=1.0, seed=3)
+    lengths = []
+    for stop in (0.5, 0.05, 1e-4):
+        tree = drafter.propose([DraftRequest("p", (3, 4, 5), 8, sampling=params,
+                                             stop_below=stop)])[0]
+        assert tree.draft_probs is not None
+        sure = torch.cumprod(tree.draft_probs[torch.arange(len(tree.tokens)),
+                                              torch.tensor(tree.tokens)], 0)       # [L]
+        assert bool((sure[:-1] >= stop).all())  # every token but the last kept it above
+        assert len(tree.tokens) == 8 or float(sure[-1]) < stop
+        lengths.append(len(tree.tokens))
+        drafter.release("p")
+    assert min(lengths) < 8  # some chain did stop early
+
+
 def test_sampled_drafts_ship_their_distributions(drafter: ModelDrafter) -> None:
     params = SamplingParams(temperature=0.8, top_k=20, seed=5)
     tree = drafter.propose([DraftRequest("d", (3, 4, 5), 3, sampling=params)])[0]

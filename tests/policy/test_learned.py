@@ -8,6 +8,7 @@ import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from spin.policy.cost_model import CostModel
+from spin.policy.chain_length import EMA
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
 
@@ -35,6 +36,48 @@ def test_modes_off_and_named_drafter_are_respected() -> None:
     out = policy.choose([_view("a", "off"), _view("b", "drafter", "draft-prose", 3)], DRAFTERS)
     assert out[0].drafter is None and out[0].k == 0
     assert out[1].drafter == "draft-prose" and out[1].k == 3
+
+
+def test_only_auto_chains_of_model_drafters_may_stop_early() -> None:
+    """A model drafter's chain in mode auto carries ``stop_below``; a named drafter's fixed k and
+    prompt lookup (no probabilities) do not."""
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 10)}
+    policy = LearnedPolicy(learned_config({"stop_below": 0.25, "score_after": 0}), _cost(),
+                           population=lambda: pop)
+    try:
+        auto, named, lookup = policy.choose(
+            [_view("a"), _view("b", "drafter", "draft-prose", 3),
+             _view("c", "drafter", PROMPT_LOOKUP, 4)], DRAFTERS)
+        assert (auto.drafter, auto.stop_below) == ("draft-code", 0.25) and auto.k > 0
+        assert (named.k, named.stop_below) == (3, 0.0)
+        assert (lookup.drafter, lookup.stop_below) == (PROMPT_LOOKUP, 0.0)
+    finally:
+        policy.close()
+
+
+def test_the_step_prediction_follows_how_much_of_k_early_stopping_chains_draft() -> None:
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 10)}
+    policy = LearnedPolicy(learned_config({"stop_below": 0.2, "score_after": 0}), _cost(),
+                           population=lambda: pop)
+    try:
+        (first,) = policy.choose([_view("a")], DRAFTERS)
+        assert first.drafter == "draft-code" and first.k >= 4
+        _, verify = policy.controller.predicted_parts([("a", "draft-code", 200)], [first.k])
+        assert policy.last_prediction.verify_s == pytest.approx(verify)  # nothing seen yet
+        c, fraction = first, 1.0
+        for _ in range(5):  # every chain stops at half its k (all of it accepted)
+            policy.observe("a", replace(c, k=c.k // 2), c.k // 2, 0.01, 0.01)
+            fraction += EMA * ((c.k // 2) / c.k - fraction)
+            (c,) = policy.choose([_view("a")], DRAFTERS)
+        assert fraction < 0.8
+        drafts, verify = policy.controller.predicted_parts([("a", "draft-code", 200)],
+                                                           [c.k * fraction])
+        assert policy.last_prediction.verify_s == pytest.approx(verify)
+        assert policy.last_prediction.draft_s == pytest.approx(drafts)
+    finally:
+        policy.close()
 
 
 def test_population_prior_picks_the_best_drafter_first() -> None:

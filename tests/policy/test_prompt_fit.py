@@ -106,3 +106,38 @@ def test_value_ranks_a_cheap_drafter_above_a_costly_one_that_predicts_a_little_b
     alone.observe_prompt("a", "draft-general", 62, 100)
     alone.observe_prompt("a", "draft-structured", 60, 100)
     assert alone.fitting("a") == ("draft-general",)
+
+
+def _fitted(fit: PromptFit, rid: str, scores: dict[str, int]) -> None:
+    """A request whose prompt ``scores`` drafters scored (agreement in %), then released."""
+    for name, pct in scores.items():
+        fit.observe_prompt(rid, name, pct, 100)
+    fit.release(rid)
+
+
+def test_a_drafter_that_never_fits_scores_only_now_and_then_until_it_fits_again() -> None:
+    fit = PromptFit(prune_after=3, explore_every=4, rank_margin=0.0)
+    names = ("draft-code", "draft-general", "draft-prose")
+    assert fit.worth_scoring(names) == names  # prompt 1: no record yet
+    for i in range(3):  # draft-general comes second every time
+        _fitted(fit, f"r{i}", {"draft-code": 60 - 40 * (i % 2), "draft-general": 41,
+                               "draft-prose": 20 + 40 * (i % 2)})
+    assert fit.worth_scoring(names) == ("draft-code", "draft-prose")  # prompt 2
+    assert fit.worth_scoring(names) == ("draft-code", "draft-prose")  # prompt 3
+    assert fit.worth_scoring(names) == names  # prompt 4: explores
+    _fitted(fit, "g", {"draft-code": 10, "draft-general": 70, "draft-prose": 20})
+    assert fit.worth_scoring(names) == names  # it fitted one of its last 3
+
+
+def test_pruning_keeps_two_scorers_and_can_be_off() -> None:
+    fit = PromptFit(prune_after=2, explore_every=0, rank_margin=0.0)
+    for i in range(2):  # draft-code always fits: both others lose twice
+        _fitted(fit, f"r{i}", {"draft-code": 90, "draft-general": 40, "draft-prose": 30})
+    assert fit.worth_scoring(("draft-code", "draft-general", "draft-prose")) == (
+        "draft-code", "draft-general", "draft-prose")  # only one would be left
+    assert fit.worth_scoring(("draft-code", "draft-general", "draft-prose", "draft-x")) == (
+        "draft-code", "draft-x")
+    off = PromptFit(prune_after=0)
+    for i in range(3):
+        _fitted(off, f"r{i}", {"draft-code": 90, "draft-general": 40, "draft-prose": 30})
+    assert off.worth_scoring(("draft-prose", "draft-code")) == ("draft-code", "draft-prose")

@@ -184,16 +184,18 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
     value = goodput if policy.fit_by_goodput else (lambda rec, n, rate: rate)
     fit = PromptFit(margin=policy.fit_margin, rank_margin=policy.fit_rank_margin,
                     deficit_weight=policy.fit_deficit_weight,
-                    value=lambda rid, n, rate: value(by_id[rid], n, rate))
+                    value=lambda rid, n, rate: value(by_id[rid], n, rate),
+                    prune_after=policy.fit_prune_after, explore_every=policy.fit_explore_every)
     order = list(range(len(per_request)))
     random.Random(seed).shuffle(order)
-    hits, lost, g_lost, switched = 0, [], [], 0
+    hits, lost, g_lost, switched, scorers = 0, [], [], 0, 0
     for i in order:
         rec = per_request[i]
         d = rec["drafters"]
         rid = str(i)
-        for n in names:
+        for n in fit.worth_scoring(names):
             fit.observe_prompt(rid, n, round(d[n]["prompt"] * positions), positions)
+            scorers += 1
         cur = fit.fitting(rid)[0]
         sizes = rec["windows"]  # output tokens per window
         acceptance = 0.0
@@ -216,5 +218,5 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
         lost.append(d[best]["output"] - acceptance / max(1, sum(sizes)))
         g_lost.append(goodput.lost(rec, cur, acceptance / max(1, sum(sizes))))
         fit.release(rid)
-    out = _outcome(hits, lost, g_lost)
+    out = {**_outcome(hits, lost, g_lost), "scorers_per_prompt": scorers / max(1, len(order))}
     return {**out, "switched": switched} if runner_up else out

@@ -93,7 +93,8 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                 if free == 0:  # no cache slot: nothing for this one this step
                     continue
                 free -= 1
-            req = DraftRequest(task.request_id, ctx, k, tuple(task.branching), sampling)
+            req = DraftRequest(task.request_id, ctx, k, tuple(task.branching), sampling,
+                               task.stop_below)
             if score:
                 scoring.append((len(results) - 1, req, task.score_from))
             else:

@@ -39,6 +39,10 @@ class DraftRequest:
     """Children per node at each depth; () = a chain of k."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """The request's sampling parameters (draft distributions use the same transform)."""
+    stop_below: float = 0.0
+    """A chain stops growing once the product of its tokens' draft probabilities (the greedy
+    token's softmax probability; a sampled token's probability under the draft distribution)
+    falls below this; the token that crosses the line is kept. 0 = always ``k`` tokens."""
 
     def shape(self) -> tuple[int, ...]:
         """Children per node for each of the k levels."""
@@ -125,13 +129,18 @@ class ModelDrafter:
         frontier = {r.request_id: [(-1, last[i])] for i, r in enumerate(active)}  # (node, logits)
         held = {r.request_id: list(r.context) for r in active}
         chain = {r.request_id: not r.branching or max(r.branching) <= 1 for r in active}
+        sure = {r.request_id: 1.0 for r in active}  # a chain's probability so far
         leaves: dict[str, list[int]] = {}
         for depth in range(max(r.k for r in active)):
             for r in active:
-                if depth < r.k:
+                if depth < r.k and sure[r.request_id] >= r.stop_below:
                     leaves[r.request_id] = self._expand(r, depth, nodes[r.request_id],
                                                         frontier[r.request_id])
-            level = [r for r in active if depth + 1 < r.k and leaves[r.request_id]]
+                    if r.stop_below > 0 and chain[r.request_id]:
+                        sure[r.request_id] *= self._chosen_prob(r, nodes[r.request_id],
+                                                                frontier[r.request_id][0][1])
+            level = [r for r in active if depth + 1 < r.k and leaves[r.request_id]
+                     and sure[r.request_id] >= r.stop_below]
             if not level:
                 break
             # A chain feeds only its new leaf and keeps it (a drafted token sits at the position
@@ -158,6 +167,14 @@ class ModelDrafter:
             probs = torch.stack(rows) if rows else None
             trees[r.request_id] = TokenTree(tuple(toks), tuple(pars), probs)
         return [trees[r.request_id] for r in requests]
+
+    @staticmethod
+    def _chosen_prob(r: DraftRequest, nodes: tuple[list, list, list], logit: torch.Tensor,
+                     ) -> float:
+        """Draft probability of the chain's newest token, drawn from ``logit`` [V]."""
+        toks, _, rows = nodes
+        q = rows[-1] if rows else torch.softmax(logit.float(), -1)                  # [V]
+        return float(q[toks[-1]])
 
     def _expand(self, r: DraftRequest, depth: int, nodes: tuple[list, list, list],
                 frontier: list[tuple[int, torch.Tensor]]) -> list[int]:

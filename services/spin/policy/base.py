@@ -28,6 +28,10 @@ class StepChoice:
     """Drafters (model drafters and prompt lookup) that should also score the request's own
     output this step: how well each predicts it, answered through ``Policy.observe_score``. A
     model drafter keeps the prefill for later drafts."""
+    stop_below: float = 0.0
+    """A model drafter's chain stops early once its probability (the product of its tokens'
+    draft probabilities) falls below this, so ``k`` is at most the chain's length; 0 = always
+    ``k``. ``Policy.observe`` gets the length drafted."""
 
 
 @dataclass(frozen=True)

@@ -333,7 +333,7 @@ class SpecLengthController:
         bt = self._batch(batch)
         return bt.goodput(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
 
-    def predicted_parts(self, batch: list[tuple[str, str | None, int]], ks: list[int],
+    def predicted_parts(self, batch: list[tuple[str, str | None, int]], ks: list[float],
                         extra: int = 0) -> tuple[dict[str, float], float]:
         """Predicted seconds of each drafter's call (those with a drafting request) and of the
         verification, for a step running ``ks``; ({}, NaN) without a cost model. Requests with no

@@ -59,6 +59,9 @@ router sends them after drafting), so a step that scored calibrates its drafters
 verification: it fits what the scoring calls add to the step instead (``scoring_cost.py``), which
 the prediction of a step that scores includes.
 
+**Early-stopping chains.** A model drafter's chain stops once its probability falls below
+``stop_below``, so k is the longest chain the step may draft (``chain_length.py``).
+
 A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
 so its acceptance estimate can recover (the controller alone would never observe it again).
 """
@@ -71,6 +74,7 @@ import threading
 from collections.abc import Callable
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
+from .chain_length import ChainLength
 from .cost_model import CostModel
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
@@ -104,7 +108,8 @@ class LearnedPolicy:
         """request id -> context length at its last step"""
         self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin,
                              deficit_weight=self.cfg.fit_deficit_weight,
-                             value=self._fit_value)
+                             value=self._fit_value, prune_after=self.cfg.fit_prune_after,
+                             explore_every=self.cfg.fit_explore_every)
         """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
         self._fitted: set[str] = set()
         """Requests whose best-fitting drafter has been seeded."""
@@ -119,6 +124,8 @@ class LearnedPolicy:
         """request id -> model drafter -> context length it was last fed (drafting or scoring)"""
         self.scoring_cost = ScoringCost()
         """What scoring calls add to a step (``scoring_cost.py``), in ``last_prediction``."""
+        self.chains = ChainLength()
+        """How much of k early-stopping chains draft (``chain_length.py``)."""
         self._own: dict[str, dict[str, list[float]]] = {}
         """request id -> drafter -> [accepted, rejected] draft tokens of its steps since the
         request's last runner-up round"""
@@ -184,7 +191,7 @@ class LearnedPolicy:
             if not self.cfg.score_after or r.mode != "auto":
                 pass
             elif r.generated == 0 and self.cfg.prompt_fit and r.remaining > self.cfg.score_after:
-                score = tuple(sorted(available - {PROMPT_LOOKUP}))  # the prompt, not a round
+                score = self.fit.worth_scoring(available - {PROMPT_LOOKUP})  # the prompt
             elif (rounds < self.cfg.score_rounds and r.generated >= self.cfg.score_after
                   + rounds * (self.cfg.score_every or self.cfg.score_after)):
                 self._scored[r.request_id] = rounds + 1
@@ -197,12 +204,16 @@ class LearnedPolicy:
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
-            out.append(StepChoice(d, k, score=score) if d is not None and k > 0
+            stop = self.cfg.stop_below if r.mode == "auto" and d != PROMPT_LOOKUP else 0.0
+            out.append(StepChoice(d, k, score=score, stop_below=stop) if d is not None and k > 0
                        else StepChoice(None, score=score))
+        for r, c in zip(requests, out):
+            self.chains.chosen(r.request_id, c)
         work = self._scoring_work(requests, out)
         self.last_prediction = None
         if auto and self.controller.cost is not None:
-            drafts, verify = self.controller.predicted_parts(batch, [c.k for c in out], prefill)
+            drafts, verify = self.controller.predicted_parts(
+                batch, [self.chains.expected_k(c) for c in out], prefill)
             extra = self.scoring_cost.predict(*work)
             self.last_prediction = StepPrediction(
                 self.controller.step_s(drafts, verify + extra), drafts, verify, work, extra)
@@ -318,6 +329,7 @@ class LearnedPolicy:
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
         chosen = self._chosen.pop(request_id, None)
+        self.chains.observe(request_id, choice)  # choice.k: the length it drafted
         if request_id in self._prefill:  # the target's prefill makes it no drafter's measure
             self._prefill.discard(request_id)
             if choice.drafter is not None:
@@ -403,3 +415,4 @@ class LearnedPolicy:
         self.controller.release(request_id)
         self._idle.pop(request_id, None)
         self._chosen.pop(request_id, None)
+        self.chains.release(request_id)

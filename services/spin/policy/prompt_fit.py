@@ -33,11 +33,20 @@ on all).
 Drafters that came close behind by prompt agreement (``runners_up``) score the request's output
 now and then in the learned policy, and one that predicts it clearly better takes the best-fitting
 drafter's place (``promote``).
+
+A drafter that fitted none of the last ``prune_after`` requests whose prompt it scored scores
+only every ``explore_every``-th prompt (``worth_scoring``): scoring is a prefill beside the
+target's, on the same cores. Replayed as ``spin bench fit`` does (its 144 prompts; shuffled
+orders 0, 1 and 2 of ``_with_record``), 16 and 4 leave 3.33-3.40 scorers per prompt instead of 4
+(the general model sits out most) at the same goodput lost (1.17-1.34%, 0.89-1.03% with
+runner-up rounds). 8 left 3.06-3.26 but lost 2.4-5.0% (2.5-4.9% with runner-up rounds): a
+specialist can miss 8 requests of a mixed workload in a row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -60,12 +69,41 @@ class PromptFit:
     value: Callable[[str, str, float], float] | None = None
     """(request id, drafter, expected acceptance) -> what ranks the drafters: the goodput the
     learned policy's cost model predicts; None = the expected acceptance itself."""
+    prune_after: int = 16
+    """A drafter that fitted none of the last this many requests whose prompt it scored
+    scores only every ``explore_every``-th prompt (``worth_scoring``); 0 = all score always."""
+    explore_every: int = 4
+    """How often such a drafter scores a prompt anyway (its record stays current)."""
     _agreement: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
     """request id -> drafter -> fraction of the scored prompt tokens it predicted"""
+    _wins: dict[str, deque[bool]] = field(default_factory=dict, repr=False)
+    """drafter -> whether it fitted each of the last ``prune_after`` requests it scored"""
+    _prompts: int = field(default=0, repr=False)
+    """Prompts ``worth_scoring`` has chosen scorers for."""
     _fitting: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """request id -> ``fitting``, recomputed as prompt scores arrive"""
     _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
     """drafter -> [accepted, rejected] draft tokens on the requests it fitted"""
+
+    def worth_scoring(self, drafters: Iterable[str]) -> tuple[str, ...]:
+        """Which of ``drafters`` score the next request's prompt: all but those that fitted
+        none of the last ``prune_after`` requests they scored, which score every
+        ``explore_every``-th prompt only; all when fewer than two would be left. Each scorer
+        prefills the prompt beside the target's prefill, and a drafter that never fits costs
+        that time on every request (a general model among specialists; its near misses also
+        make it a runner-up, whose rounds cost more)."""
+        names = sorted(drafters)
+        if not self.prune_after:
+            return tuple(names)
+        self._prompts += 1
+        if self.explore_every and self._prompts % self.explore_every == 0:
+            return tuple(names)
+        kept = [n for n in names if not self._losing(n)]
+        return tuple(kept if len(kept) >= 2 else names)
+
+    def _losing(self, drafter: str) -> bool:
+        wins = self._wins.get(drafter)
+        return wins is not None and len(wins) == self.prune_after and not any(wins)
 
     def observe_prompt(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         """``drafter`` predicted ``matches`` of the request's last ``positions`` prompt tokens."""
@@ -128,5 +166,11 @@ class PromptFit:
         return s / (s + f) if s + f >= self.min_trials else None
 
     def release(self, request_id: str) -> None:
-        self._agreement.pop(request_id, None)
-        self._fitting.pop(request_id, None)
+        """Forget the request; each drafter that scored its prompt records whether it fitted
+        it best in the end (``worth_scoring``)."""
+        agreement = self._agreement.pop(request_id, {})
+        fitting = self._fitting.pop(request_id, ())
+        if fitting and self.prune_after:
+            for name in agreement:
+                wins = self._wins.setdefault(name, deque(maxlen=self.prune_after))
+                wins.append(name == fitting[0])

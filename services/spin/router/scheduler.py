@@ -16,7 +16,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -288,7 +288,8 @@ class Scheduler:
                                                sampling=sampling_to_proto(r.sampling),
                                                traceparent=r.traceparent, tracestate=r.tracestate,
                                                score=bool(c.score),
-                                               score_from=_score_from(r) if c.score else 0))
+                                               score_from=_score_from(r) if c.score else 0,
+                                               stop_below=c.stop_below))
             r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
@@ -359,6 +360,8 @@ class Scheduler:
                 self.store.record(name, drafted, res.num_accepted, draft_s, verify_s)
         else:
             r.steps_off += 1
+        if choice.drafter and not choice.branching and 0 < drafted < choice.k:
+            choice = replace(choice, k=drafted)  # a chain that stopped early (stop_below)
         self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s)
         self._emit(r, list(res.tokens))
 

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DraftTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate", "score", "score_from")
+    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate", "score", "score_from", "stop_below")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class DraftTask(_message.Message):
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SCORE_FROM_FIELD_NUMBER: _ClassVar[int]
+    STOP_BELOW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -31,7 +32,8 @@ class DraftTask(_message.Message):
     tracestate: str
     score: bool
     score_from: int
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., score: _Optional[bool] = ..., score_from: _Optional[int] = ...) -> None: ...
+    stop_below: float
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., score: _Optional[bool] = ..., score_from: _Optional[int] = ..., stop_below: _Optional[float] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")

@@ -253,7 +253,8 @@ def test_the_prompt_fit_prefers_a_cheap_drafter_to_a_costly_one_that_predicts_a_
 @pytest.mark.parametrize("code_fits", [True, False])
 def test_runner_ups_by_prompt_score_the_output_every_few_tokens_and_may_take_over(
         code_fits: bool) -> None:
-    policy = LearnedPolicy(learned_config({"lookup_rescore": False}), cost=_cost())
+    policy = LearnedPolicy(learned_config({"lookup_rescore": False, "runner_up_every": 12}),
+                           cost=_cost())
     every = policy.cfg.runner_up_every
     (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
     policy.observe_score("p", "draft-prose", 62, 100)  # outside the near-tie margin (0.02),
@@ -354,7 +355,7 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
 
 
 def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_showed_it() -> None:
-    policy = LearnedPolicy(cost=_cost())
+    policy = LearnedPolicy(learned_config({"runner_up_every": 12}), cost=_cost())
 
     def first_step(rid: str) -> StepPrediction:
         (c,) = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)

@@ -62,8 +62,10 @@ class FitBenchConfig:
     """Output tokens the early-output signal sees."""
     threads: int = 2
     """Torch threads."""
-    policy: LearnedPolicyConfig = field(default_factory=LearnedPolicyConfig)
-    """Whose prompt-fit margins and runner-up check the replayed signals follow."""
+    policy: LearnedPolicyConfig = field(
+        default_factory=lambda: LearnedPolicyConfig(runner_up_every=12))
+    """Whose prompt-fit margins and runner-up check the replayed signals follow (runner-up
+    rounds every 12 tokens: off in serving by default, replayed to show what they would pick)."""
     cost_model: Path | None = None
     """Step-time model (``spin profile``) that ranks by goodput and measures goodput lost; None
     = by acceptance only."""

@@ -34,7 +34,8 @@ a request's output may change its kind as it goes. Every ``runner_up_every`` gen
 model drafters that came within ``runner_up_margin`` of the best prompt agreement score the tokens
 since their last call (their cache holds the rest). One that predicted those tokens better than the
 best-fitting drafter accepted on its own steps meanwhile, by more than ``runner_up_switch``, fits
-the request from then on (the one it replaces becomes a runner-up).
+the request from then on (the one it replaces becomes a runner-up). Off by default: in serving
+their scoring calls cost more than they gain (``LearnedPolicyConfig.runner_up_every``).
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them the same way (prompt lookup in the router). With greedy decoding a draft token is

@@ -90,8 +90,8 @@ class PromptFit:
         none of the last ``prune_after`` requests they scored, which score every
         ``explore_every``-th prompt only; all when fewer than two would be left. Each scorer
         prefills the prompt beside the target's prefill, and a drafter that never fits costs
-        that time on every request (a general model among specialists; its near misses also
-        make it a runner-up, whose rounds cost more)."""
+        that time on every request (a general model among specialists; with runner-up rounds
+        on, its near misses make it a runner-up too, whose rounds cost more)."""
         names = sorted(drafters)
         if not self.prune_after:
             return tuple(names)

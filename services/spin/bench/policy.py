@@ -247,6 +247,11 @@ def _held_out(e2e: dict[str, list[list[float]]],
     return _medians(timed)
 
 
+def _pipeline_batch(cfg: PolicyBenchConfig) -> list[Request]:
+    """The pipeline section's concurrent requests (the same on both deployments)."""
+    return build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+
+
 def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -> Child:
     """A second router over ``emb``'s verifier and draft-code, with two micro-batches."""
     verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
@@ -268,7 +273,7 @@ def _shared_cores(emb: Embedded,
     """The pipeline section's batch (draft-code, k=4) on the benchmark's own deployment, whose
     processes share every core, through its router (one micro-batch) and through a second router
     with two: each run's outputs and tokens/s."""
-    batch = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    batch = _pipeline_batch(cfg)
     piped = _pipelined_router(emb, cfg, None)
     out = {}
     try:
@@ -300,7 +305,7 @@ def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
     if len(cpus) < 2:
         return {"skipped": f"needs 2 cores, this process has {format_cpus(cpus)}"}, 0
     side, own = split(cpus)
-    workload = build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    workload = _pipeline_batch(cfg)
     out: dict = {"cpus": {"drafters_and_routers": format_cpus(side),
                           "verifier": format_cpus(own)}, "requests": len(workload)}
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",

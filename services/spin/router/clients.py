@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from ..rpc.batches import retrieved
 from ..rpc.serving import CHANNEL_OPTIONS
 from ..v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
@@ -77,7 +78,7 @@ class StreamClient:
             self._batch += 1
             batch.batch_id = self._batch
             answer = asyncio.get_running_loop().create_future()
-            answer.add_done_callback(_retrieved)  # a timed-out caller no longer awaits it
+            answer.add_done_callback(retrieved)  # a timed-out caller no longer awaits it
             try:
                 if self._call is None:
                     self._call = (self.stub.Speculate() if self.kind == "drafter"
@@ -145,11 +146,6 @@ class StreamClient:
         if self._call is not None:
             self._mark_down(ServiceDown("closed"))
         await self.channel.close()
-
-
-def _retrieved(answer: asyncio.Future) -> None:
-    if not answer.cancelled():
-        answer.exception()
 
 
 def _describe(e: BaseException) -> str:

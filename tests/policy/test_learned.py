@@ -208,6 +208,32 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         policy.close()
 
 
+def test_a_drafter_fitting_its_first_request_starts_from_the_pooled_record() -> None:
+    # both model drafters have poor population rates: each ran on every kind of request
+    pop = {"draft-code": _stats(100, 60), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    seeded = {}
+    for pooled in (True, False):
+        policy = LearnedPolicy(learned_config({"fit_pooled_seed": pooled}), cost=_cost(),
+                               population=lambda: pop)
+        try:
+            policy.choose([_generated("p", 0)], DRAFTERS)  # p fits draft-prose and it accepts
+            policy.observe_score("p", "draft-prose", 60, 128)
+            policy.observe_score("p", "draft-code", 20, 128)
+            policy.fit.record("p", "draft-prose", 15, 1)
+            policy.release("p")
+            assert policy.fit.acceptance("draft-code") is None  # no record of its own
+            policy.choose([_generated("q", 0)], DRAFTERS)  # q fits draft-code
+            policy.observe_score("q", "draft-prose", 20, 128)
+            policy.observe_score("q", "draft-code", 60, 128)
+            policy.choose([_generated("q", 1)], DRAFTERS)
+            seeded[pooled] = policy.controller.tracker.get("q", "draft-code")
+        finally:
+            policy.close()
+    assert seeded[True] > 0.7  # 15 of 16 on p, by the drafter that fitted it
+    assert seeded[False] < 0.4  # the population's 60 of 400
+
+
 def test_prompt_lookup_without_a_match_is_no_candidate_and_the_fitted_drafter_drafts() -> None:
     pop = {"draft-code": _stats(100, 200), "draft-prose": _stats(100, 200),
            PROMPT_LOOKUP: _stats(100, 380)}  # prompt lookup: the population's best by far

@@ -35,6 +35,19 @@ def test_acceptance_counts_only_best_fit_requests() -> None:
     assert fit.acceptance("draft-prose") is None
 
 
+def test_the_pooled_record_counts_every_drafter_on_the_requests_it_fitted() -> None:
+    fit = PromptFit(min_trials=8)
+    for rid, code, prose in (("a", 60, 10), ("b", 10, 60)):
+        fit.observe_prompt(rid, "draft-code", code, 100)
+        fit.observe_prompt(rid, "draft-prose", prose, 100)
+    fit.record("a", "draft-code", 3, 1)
+    assert fit.pooled_acceptance() is None  # 4 draft tokens: too few
+    fit.record("b", "draft-prose", 4, 0)
+    fit.record("b", "draft-code", 0, 4)  # b fits draft-prose: not counted
+    assert fit.acceptance("draft-code") is None and fit.acceptance("draft-prose") is None
+    assert fit.pooled_acceptance() == 7 / 8
+
+
 def test_near_ties_go_to_the_drafter_with_the_better_record() -> None:
     fit = PromptFit(min_trials=8, rank_margin=0.02)
     fit.observe_prompt("a", "draft-general", 62, 100)

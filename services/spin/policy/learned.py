@@ -25,8 +25,9 @@ to its greedy prediction from the tokens before them. The router sends these cal
 verification, which is the target's prefill of the same prompt. That agreement with the user's
 text is no acceptance rate, but it ranks the drafters (``prompt_fit.py``, ``spin bench fit``), so
 from then on the request's bandit chooses between the best-fitting drafter and prompt lookup
-only, and the best-fitting drafter starts from what the drafters that fitted earlier requests
-achieved. The first step earns no bandit reward: its time is the target's prefill.
+only, and the best-fitting drafter starts from what it achieved on the earlier requests it
+fitted (before it has such a record, from what all drafters achieved on the requests each
+fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's prefill.
 
 **Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly: a general model
 may predict a structured prompt as well as the specialist and accept far less on the output, and
@@ -252,6 +253,8 @@ class LearnedPolicy:
             self._fitted.add(r.request_id)
             for d in fitting:
                 rate = self.fit.acceptance(d)
+                if rate is None and self.cfg.fit_pooled_seed:
+                    rate = self.fit.pooled_acceptance()
                 if rate is not None:
                     w = self.cfg.fit_trials
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)

@@ -79,6 +79,12 @@ class LearnedPolicyConfig:
     predicted at those rates with ``fit_by_goodput``) fits the request best from then on
     (``PromptFit.promote``). ``spin bench fit``, signal ``prompt_record_runner_up``,
     replays the rounds over 144 held-out prompts."""
+    fit_pooled_seed: bool = True
+    """A best-fitting drafter without a record of its own yet starts from all drafters' record
+    on the requests each fitted (``PromptFit.pooled_acceptance``) instead of its population
+    rate, which for a specialist is mostly other kinds of requests: after fixed runs of every
+    drafter on the whole mixed workload the structured drafter's population rate held it at
+    k = 0 on the first structured request it fitted (plain steps for most of the output)."""
     fit_trials: float = 8.0
     """Weight, in draft tokens, of that seed in the request's acceptance estimate."""
     score_trials: float = 4.0

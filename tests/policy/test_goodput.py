@@ -238,6 +238,23 @@ def test_choice_is_near_the_brute_force_optimum() -> None:
         assert got >= 0.98 * best, (trial, ks)
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_the_uniform_scan_matches_the_goodput_of_each_k(pipelined: bool) -> None:
+    cost = CostModel(verify=(5e-3, 1e-5, 2e-4, 1e-8, 3e-9),
+                     draft={"d": (1e-3, 5e-4, 1e-5, 2e-8, 3e-5),
+                            "e": (2e-4, 1.5e-3, 0.0, 0.0, 0.0)})
+    rng = np.random.default_rng(3)
+    names = ["d", "e", PROMPT_LOOKUP, None, "unknown"]
+    for trial in range(10):
+        batch = [(f"r{i}", names[int(rng.integers(5))], int(rng.integers(50, 3000)))
+                 for i in range(int(rng.integers(1, 7)))]
+        c = _ctl(cost, {n: float(rng.uniform(0.0, 1.0)) for n in names if n}, k_max=6,
+                 pipelined=pipelined)
+        bt = c._batch(batch, extra=int(rng.integers(0, 300)))
+        want = [bt.goodput(j * bt.eligible.astype(float)) for j in range(1, 7)]
+        assert bt.uniform_goodputs(6) == pytest.approx(want, rel=1e-12), trial
+
+
 def test_one_request_to_speculate_gets_the_smallest_best_k() -> None:
     rng = np.random.default_rng(5)
     for trial in range(40):

@@ -68,8 +68,12 @@ def _expected_tokens_v(a: np.ndarray, k: np.ndarray) -> np.ndarray:
 class ControllerConfig:
     """Settings of the speculation-length controller and its acceptance tracker."""
 
-    k_max: int = 8
-    """Largest speculation length chosen."""
+    k_max: int = 16
+    """Largest speculation length chosen. Prompt lookup's drafts cost almost nothing, and in the
+    repeating spans where it matches they are accepted whole: ``spin bench ab --a '{}' --b
+    '{"controller": {"k_max": 16}}' --rounds 5`` measured B / A = 0.959 against 8 (12 against 8:
+    0.992, 16 against 12: 0.984, 24 against 16: 1.008, 6 against 8: 1.068). A model drafter's
+    chain rarely gets that long: it stops early (``LearnedPolicyConfig.stop_below``)."""
     margin: float = 0.10
     """Speculate only when the predicted goodput beats k = 0 for all by this fraction."""
     ema: float = 0.3

@@ -27,7 +27,8 @@ text is no acceptance rate, but it ranks the drafters (``prompt_fit.py``, ``spin
 from then on the request's bandit chooses between the best-fitting drafter and prompt lookup
 only, and the best-fitting drafter starts from what it achieved on the earlier requests it
 fitted (before it has such a record, from what all drafters achieved on the requests each
-fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's prefill.
+fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's
+prefill.
 
 **Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly: a general model
 may predict a structured prompt as well as the specialist and accept far less on the output, and

@@ -21,11 +21,16 @@ def test_the_fitting_drafters_need_two_scores_and_take_those_within_the_margin()
     assert fit.fitting("r") == ()
 
 
-def test_acceptance_counts_only_best_fit_requests() -> None:
+def _a_fits_code_b_fits_prose() -> PromptFit:
     fit = PromptFit(min_trials=8)
     for rid, code, prose in (("a", 60, 10), ("b", 10, 60)):
         fit.observe_prompt(rid, "draft-code", code, 100)
         fit.observe_prompt(rid, "draft-prose", prose, 100)
+    return fit
+
+
+def test_acceptance_counts_only_best_fit_requests() -> None:
+    fit = _a_fits_code_b_fits_prose()
     fit.record("a", "draft-code", 4, 0)
     assert fit.acceptance("draft-code") is None  # 4 draft tokens: too few
     fit.record("a", "draft-code", 3, 1)
@@ -36,10 +41,7 @@ def test_acceptance_counts_only_best_fit_requests() -> None:
 
 
 def test_the_pooled_record_counts_every_drafter_on_the_requests_it_fitted() -> None:
-    fit = PromptFit(min_trials=8)
-    for rid, code, prose in (("a", 60, 10), ("b", 10, 60)):
-        fit.observe_prompt(rid, "draft-code", code, 100)
-        fit.observe_prompt(rid, "draft-prose", prose, 100)
+    fit = _a_fits_code_b_fits_prose()
     fit.record("a", "draft-code", 3, 1)
     assert fit.pooled_acceptance() is None  # 4 draft tokens: too few
     fit.record("b", "draft-prose", 4, 0)

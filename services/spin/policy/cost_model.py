@@ -154,8 +154,10 @@ class CostModel:
         """Whether ``drafter``'s cost is known (prompt lookup always is)."""
         return drafter == PROMPT_LOOKUP or drafter in self.draft
 
-    def predict_verify(self, batch: int, scored_tokens: int, context_tokens: int) -> float:
-        """Seconds of one target forward; 0 for an empty batch."""
+    def predict_verify(self, batch: int, scored_tokens: int | np.ndarray,
+                       context_tokens: int) -> float | np.ndarray:
+        """Seconds of one target forward (per element of an array of ``scored_tokens``); 0 for
+        an empty batch."""
         if batch <= 0:
             return 0.0
         c0, c1, c2, c3, c4 = self.verify

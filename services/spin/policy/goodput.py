@@ -230,20 +230,17 @@ class _Batch:
     def uniform_goodputs(self, k_max: int) -> np.ndarray:
         """[k_max]: ``goodput(j * eligible)`` for j = 1..k_max, in one vectorised pass (a
         step's choice scans them all; one call each cost about 40 us of numpy overhead)."""
-        j = np.arange(1, k_max + 1, dtype=float)                                  # [J]
+        j = np.arange(1, k_max + 1, dtype=float)[:, None]                         # [J, 1]
         e = self.eligible
         nd = len(self.names)
         act = np.bincount(self.idx[e], minlength=nd).astype(float)               # [D]
         ctx = np.bincount(self.idx[e], weights=self.ctx[e], minlength=nd)        # [D]
-        t = self.terms                                                            # [D, 6]
-        per_j = t[:, 1] + act * t[:, 2] + ctx * t[:, 3] + np.log2(np.maximum(act, 1)) * t[:, 5]
-        drafts = (act > 0) * (t[:, 0] + act * t[:, 4]) + j[:, None] * per_j      # [J, D]
-        drafts = np.where(act > 0, drafts, 0.0).max(axis=1, initial=0.0)          # [J]
-        c0, c1, c2, c3, c4 = self.cost.verify
-        scored = self.b + self.extra + j * float(e.sum())                         # [J]
-        verify = (c0 + c1 * self.b + c2 * scored + c3 * self.c_total
-                  + c4 * scored * (self.c_total / self.b))                        # [J]
-        k = j[:, None] * e[None, :]                                               # [J, B]
+        # every eligible request at k = j: per drafter max k = j, Σk = j·A, Σk·ctx = j·Σctx
+        drafts = self.draft_time(np.arange(nd), j * (act > 0), act, j * act, j * ctx)  # [J, D]
+        drafts = drafts.max(axis=1, initial=0.0)                                  # [J]
+        scored = self.b + self.extra + j[:, 0] * float(e.sum())                   # [J]
+        verify = self.cost.predict_verify(self.b, scored, int(self.c_total))      # [J]
+        k = j * e[None, :]                                                        # [J, B]
         tokens = _expected_tokens_v(self.a[None, :], k).sum(axis=1)               # [J]
         return tokens / self.combine(drafts, verify)
 

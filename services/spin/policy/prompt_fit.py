@@ -163,8 +163,7 @@ class PromptFit:
 
     def acceptance(self, drafter: str) -> float | None:
         """Acceptance rate of ``drafter`` on the requests it fitted (None: too few yet)."""
-        s, f = self._trials.get(drafter, (0.0, 0.0))
-        return s / (s + f) if s + f >= self.min_trials else None
+        return self._rate(*self._trials.get(drafter, (0.0, 0.0)))
 
     def pooled_acceptance(self) -> float | None:
         """Acceptance rate of all drafters together on the requests each fitted (None: too few
@@ -172,9 +171,12 @@ class PromptFit:
         fits. Its population rate is no such estimate: a specialist's is mostly the requests of
         other kinds (on the demo family the structured drafter's is about 0.3, against 0.88 on
         the requests it fits)."""
-        s = sum(t[0] for t in self._trials.values())
-        f = sum(t[1] for t in self._trials.values())
-        return s / (s + f) if s + f >= self.min_trials else None
+        return self._rate(sum(t[0] for t in self._trials.values()),
+                          sum(t[1] for t in self._trials.values()))
+
+    def _rate(self, accepted: float, rejected: float) -> float | None:
+        total = accepted + rejected
+        return accepted / total if total >= self.min_trials else None
 
     def release(self, request_id: str) -> None:
         """Forget the request; each drafter that scored its prompt records whether it fitted

@@ -119,6 +119,26 @@ def test_no_speculation_when_nothing_is_accepted_then_a_probe() -> None:
         policy.close()
 
 
+def test_a_named_drafter_without_its_k_gets_the_controllers_alone_in_its_batch() -> None:
+    """``--speculation draft-code`` without ``--k`` means the router's k, also in a batch with no
+    request in mode auto (it was 0 there: no speculation but a probe every ``probe_every``)."""
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
+           PROMPT_LOOKUP: _stats(100, 10)}
+    policy = LearnedPolicy(learned_config({"stop_below": 0.25}), _cost(), population=lambda: pop)
+    try:
+        for _ in range(3):
+            (c,) = policy.choose([_view("a", "drafter", "draft-code")], DRAFTERS)
+            assert (c.drafter, c.stop_below) == ("draft-code", 0.25) and c.k > 1
+            assert policy.last_prediction.draft_s["draft-code"] > 0
+            policy.observe("a", c, c.k, 0.004, 0.011)
+        (off, low) = policy.choose([_view("b", "off"), _view("c", "drafter", "draft-prose")],
+                                   DRAFTERS)
+        assert off.drafter is None and low.drafter in ("draft-prose", None)
+        assert low.k < c.k  # its k from draft-prose's lower acceptance
+    finally:
+        policy.close()
+
+
 def test_k_is_clipped_to_the_remaining_tokens() -> None:
     policy = LearnedPolicy(cost=_cost())
     (c,) = policy.choose([_view("a", "drafter", "draft-code", 8, remaining=3)], DRAFTERS)

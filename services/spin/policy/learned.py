@@ -134,7 +134,8 @@ class LearnedPolicy:
         request's last runner-up round"""
         self.last_prediction: StepPrediction | None = None
         """The cost model's account of the step last chosen (None without a cost model or when
-        no request is in mode auto); read it right after ``choose``."""
+        the controller chose no request's k: every one in mode off or naming its drafter and
+        k); read it right after ``choose``."""
         self._stop = threading.Event()
         if population is not None:
             self.refresh()
@@ -176,13 +177,15 @@ class LearnedPolicy:
                 drafters.append(None)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         auto = any(r.mode == "auto" for r in requests)
+        # k is the controller's for requests in mode auto and for a named drafter without its k
+        policy_k = [r.mode == "auto" or (r.mode == "drafter" and not r.k) for r in requests]
         # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
-        ks = self.controller.choose(batch, prefill) if auto else [0] * len(requests)
+        ks = self.controller.choose(batch, prefill) if any(policy_k) else [0] * len(requests)
         if auto and self.cfg.fallback:
             ks = self._fallback(requests, drafters, batch, ks, cands, prefill)
         out = []
-        for r, d, k in zip(requests, drafters, ks):
+        for r, d, k, chosen_k in zip(requests, drafters, ks, policy_k):
             if r.mode == "drafter" and r.k:
                 k = r.k
             elif d is not None and k == 0 and self._idle.get(r.request_id, 0) >= self.cfg.probe_every:
@@ -207,14 +210,14 @@ class LearnedPolicy:
             self._ctx[r.request_id] = r.context_len
             if r.generated == 0:
                 self._prefill.add(r.request_id)
-            stop = self.cfg.stop_below if r.mode == "auto" and d != PROMPT_LOOKUP else 0.0
+            stop = self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP else 0.0
             out.append(StepChoice(d, k, score=score, stop_below=stop) if d is not None and k > 0
                        else StepChoice(None, score=score))
         for r, c in zip(requests, out):
             self.chains.chosen(r.request_id, c)
         work = self._scoring_work(requests, out)
         self.last_prediction = None
-        if auto and self.controller.cost is not None:
+        if any(policy_k) and self.controller.cost is not None:
             drafts, verify = self.controller.predicted_parts(
                 batch, [self.chains.expected_k(c) for c in out], prefill)
             extra = self.scoring_cost.predict(*work)

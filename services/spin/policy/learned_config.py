@@ -94,7 +94,8 @@ class LearnedPolicyConfig:
     itself adds one accepted or rejected draft token per scored position to the acceptance
     estimate)."""
     stop_below: float = 0.1
-    """A model drafter's chain (mode auto) stops early once its probability, the product of its
+    """A model drafter's chain whose k the controller chose (mode auto, or a named drafter
+    without its own k) stops early once its probability, the product of its
     tokens' draft probabilities, falls below this (``DraftTask.stop_below``): k is the longest
     chain the step may draft. 0 = always k. ``spin bench ab --a '{"stop_below": 0}' --b
     '{"stop_below": 0.1}'`` measured B / A = 0.969 (and 0.968 with ``k_max`` 12); 0.3 measured

@@ -30,6 +30,21 @@ def test_generate_streams_and_reports_speed(serving) -> None:
     assert "drafters: none" in off.stderr
 
 
+def test_generate_steps_prints_every_verification_step(serving) -> None:
+    r = run("generate", "def main():", "--max-tokens", "24", "--endpoint", serving.endpoint,
+            "--steps")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"(\d+) tokens in .* over (\d+) steps", r.stderr)
+    assert m, r.stderr
+    rows = re.findall(r"^\s*(\d+)  (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+"
+                      r"([\d.]+|-)$", r.stderr, re.M)
+    assert [int(row[0]) for row in rows] == list(range(1, int(m.group(2)) + 1)), r.stderr
+    assert sum(int(row[5]) for row in rows) == int(m.group(1))  # every token, once
+    assert all(int(row[4]) <= int(row[3]) for row in rows)  # accepted <= drafted
+    assert re.search(r"predicted vs measured step time: mean absolute error [\d.]+% over "
+                     rf"{len(rows)} steps", r.stderr), r.stderr
+
+
 def test_bad_input_gets_a_clear_error(serving) -> None:
     r = run("generate", "", "--max-tokens", "8", "--endpoint", serving.endpoint)
     assert r.returncode == 2 and "prompt is empty" in r.stderr

@@ -49,7 +49,7 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     return generate(GenerateArgs(args.prompt, args.endpoint, args.max_tokens, args.temperature,
                                  args.top_p, args.top_k, args.seed, args.speculation, args.k,
-                                 tuple(args.stop)))
+                                 tuple(args.stop), args.steps))
 
 
 def _server_config(args: argparse.Namespace):
@@ -455,6 +455,9 @@ def parser() -> argparse.ArgumentParser:
                      help="auto (the router's policy), off, or a drafter name")
     gen.add_argument("--k", type=int, default=0, help="k for a named drafter (0 = router's)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--steps", action="store_true",
+                     help="then print every verification step: drafter, k, accepted, ms, and "
+                          "the policy's predicted ms")
     gen.set_defaults(func=_generate)
 
     def service(name: str, help: str, port: int, metrics_port: int | None) -> argparse.ArgumentParser:

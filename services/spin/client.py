@@ -28,6 +28,8 @@ class GenerateArgs:
     k: int = 0
     """k for a named drafter (0 = the router's)."""
     stop: tuple[str, ...] = ()
+    steps: bool = False
+    """After the summary, print every verification step: drafter, k, accepted, time."""
     timeout_s: float = 300.0
 
 
@@ -61,12 +63,15 @@ def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         start = time.perf_counter()
         first = None
         last = None
+        steps: list[tuple[generation_pb2.StepInfo, int]] = []  # (step, tokens it emitted)
         try:
             for msg in stub.Generate(build_request(a), timeout=a.timeout_s):
                 if msg.token_ids and first is None:
                     first = time.perf_counter()
                 out.write(msg.text)
                 out.flush()
+                if msg.HasField("step"):
+                    steps.append((msg.step, len(msg.token_ids)))
                 last = msg
         except grpc.RpcError as e:
             print(f"\nspin generate: {e.code().name}: {e.details()}", file=err)
@@ -81,4 +86,26 @@ def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           f"{((first or start) - start) * 1000:.0f} ms); tau {s.tau:.2f} tokens/step over "
           f"{s.steps} steps ({s.steps_without_speculation} without speculation); drafters: "
           f"{drafters}; finished: {reason.lower()}", file=err)
+    if a.steps:
+        print(step_table(steps), file=err)
     return 0
+
+
+def step_table(steps: list[tuple[generation_pb2.StepInfo, int]]) -> str:
+    """One line per verification step (what the policy chose and how it went), then the mean
+    error of the policy's step-time predictions over the steps that had one."""
+    lines = [f"{'step':>4}  {'drafter':<18} {'k':>2} {'drafted':>7} {'accepted':>8} "
+             f"{'tokens':>6} {'batch':>5} {'ms':>7} {'predicted':>9}"]
+    errors = []
+    for i, (s, tokens) in enumerate(steps, 1):
+        predicted = f"{s.predicted_step_seconds * 1e3:9.1f}" if s.predicted_step_seconds else \
+            f"{'-':>9}"
+        lines.append(f"{i:>4}  {s.drafter or '(none)':<18} {s.k:>2} {s.draft_tokens:>7} "
+                     f"{s.accepted_tokens:>8} {tokens:>6} {s.batch_size:>5} "
+                     f"{s.step_seconds * 1e3:7.1f} {predicted}")
+        if s.predicted_step_seconds and s.step_seconds > 0:
+            errors.append(abs(s.predicted_step_seconds - s.step_seconds) / s.step_seconds)
+    if errors:
+        lines.append(f"predicted vs measured step time: mean absolute error "
+                     f"{100 * sum(errors) / len(errors):.1f}% over {len(errors)} steps")
+    return "\n".join(lines)

@@ -47,6 +47,36 @@ def test_speculation_is_lossless_and_reports_stats(serving) -> None:
     assert text_off.strip()
 
 
+def _messages(endpoint: str, req: generation_pb2.GenerateRequest,
+              ) -> list[generation_pb2.GenerateResponse]:
+    with grpc.insecure_channel(endpoint) as ch:
+        return list(generation_pb2_grpc.GenerationStub(ch).Generate(req, timeout=120))
+
+
+@pytest.mark.parametrize("mode, drafter, k", [("auto", "", 0), ("drafter", "draft-code", 4)])
+def test_every_message_carries_the_step_that_produced_it(serving, mode, drafter, k) -> None:
+    msgs = _messages(serving.endpoint, request(PROMPT, max_tokens=40, mode=mode, drafter=drafter,
+                                               k=k, ignore_eos=True))
+    s = msgs[-1].speculation
+    steps = [m.step for m in msgs]
+    assert all(m.HasField("step") for m in msgs) and len(steps) == s.steps
+    assert sum(st.accepted_tokens for st in steps) == s.accepted_tokens
+    assert sum(st.draft_tokens for st in steps) == s.draft_tokens
+    assert sum(not st.drafter for st in steps) == s.steps_without_speculation
+    for d in s.drafters:  # the per-step account adds up to the request's per-drafter one
+        mine = [st for st in steps if st.drafter == d.drafter]
+        assert (len(mine), sum(st.accepted_tokens for st in mine)) == (d.steps, d.accepted_tokens)
+    for m, st in zip(msgs[:-1], steps):  # the accepted drafts and the target's own token
+        assert len(m.token_ids) == st.accepted_tokens + 1
+        assert st.accepted_tokens <= st.draft_tokens <= st.k or not st.drafter
+        assert st.step_seconds > 0 and st.batch_size >= 1
+    if mode == "drafter":
+        assert {st.drafter for st in steps} == {drafter} and {st.k for st in steps} <= {4, 3, 2, 1}
+    else:  # the learned policy predicts the steps of requests in mode auto from its cost model
+        assert all(st.predicted_step_seconds > 0 for st in steps)
+        assert len({st.drafter for st in steps}) >= 2  # prompt lookup drafts the first step
+
+
 def test_seeded_sampling_is_reproducible(serving) -> None:
     a, _, _ = collect(serving.endpoint, request(PROMPT, max_tokens=20, temperature=0.8, seed=7,
                                                 mode="drafter", drafter="draft-code", k=3))

@@ -212,11 +212,13 @@ class Scheduler:
         finally:
             await scored  # within the step: a request's release never overtakes its scoring
         self._verifier_down_since = None
+        predicted_s = prediction.step_s if prediction is not None else 0.0
         for r, choice, res in zip(reqs, choices, resp.results):
             tree = trees.get(r.request_id)
             # the step's wall time (round trips included) is what the request waited: goodput
             self._apply(r, choice if tree is not None else StepChoice(None), res,
-                        len(tree.tokens) if tree is not None else 0, t1 - t0, t2 - t1)
+                        len(tree.tokens) if tree is not None else 0, t1 - t0, t2 - t1,
+                        predicted_s, len(reqs))
         step_s = time.perf_counter() - t0
         metrics.STEP_SECONDS.observe(step_s)
         metrics.STEP_DRAFT_SECONDS.observe(t1 - t0)
@@ -333,8 +335,11 @@ class Scheduler:
 
     # ---- after verification -----------------------------------------------------------------
     def _apply(self, r: RouterRequest, choice: StepChoice, res: verifier_pb2.VerifyResult,
-               drafted: int, draft_s: float, verify_s: float) -> None:
-        """Account one verified step (``drafted`` tree nodes) and stream its tokens."""
+               drafted: int, draft_s: float, verify_s: float, predicted_s: float = 0.0,
+               batch_size: int = 1) -> None:
+        """Account one verified step (``drafted`` tree nodes) and stream its tokens, with the
+        step's account (``StepInfo``: ``predicted_s`` is the policy's prediction of the batch
+        step, 0 = none)."""
         tracing.end_step(r, choice, drafted, res)
         if r.cancelled:
             return
@@ -360,12 +365,16 @@ class Scheduler:
                 self.store.record(name, drafted, res.num_accepted, draft_s, verify_s)
         else:
             r.steps_off += 1
+        step = generation_pb2.StepInfo(
+            drafter=name, k=choice.k if choice.drafter else 0, draft_tokens=drafted,
+            accepted_tokens=res.num_accepted, step_seconds=draft_s + verify_s,
+            predicted_step_seconds=predicted_s, batch_size=batch_size)
         if choice.drafter and not choice.branching and 0 < drafted < choice.k:
             choice = replace(choice, k=drafted)  # a chain that stopped early (stop_below)
         self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s)
-        self._emit(r, list(res.tokens))
+        self._emit(r, list(res.tokens), step)
 
-    def _emit(self, r: RouterRequest, tokens: list[int]) -> None:
+    def _emit(self, r: RouterRequest, tokens: list[int], step: generation_pb2.StepInfo) -> None:
         now = time.perf_counter()
         start = len(r.generated)
         finish = generation_pb2.FINISH_REASON_UNSPECIFIED
@@ -381,7 +390,7 @@ class Scheduler:
         if hit:
             finish = generation_pb2.FINISH_REASON_STOP
         msg = generation_pb2.GenerateResponse(request_id=r.request_id,
-                                              token_ids=r.generated[start:], text=text)
+                                              token_ids=r.generated[start:], text=text, step=step)
         metrics.GENERATION_TOKENS.inc(len(r.generated) - start)
         if r.first_token_at is None:
             r.first_token_at = now

@@ -94,18 +94,38 @@ class SpeculationStats(_message.Message):
     drafters: _containers.RepeatedCompositeFieldContainer[DrafterUsage]
     def __init__(self, steps: _Optional[int] = ..., steps_without_speculation: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., tau: _Optional[float] = ..., drafters: _Optional[_Iterable[_Union[DrafterUsage, _Mapping]]] = ...) -> None: ...
 
+class StepInfo(_message.Message):
+    __slots__ = ("drafter", "k", "draft_tokens", "accepted_tokens", "step_seconds", "predicted_step_seconds", "batch_size")
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    drafter: str
+    k: int
+    draft_tokens: int
+    accepted_tokens: int
+    step_seconds: float
+    predicted_step_seconds: float
+    batch_size: int
+    def __init__(self, drafter: _Optional[str] = ..., k: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., predicted_step_seconds: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "finish_reason", "usage", "speculation")
+    __slots__ = ("request_id", "token_ids", "text", "finish_reason", "usage", "speculation", "step")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: FinishReason
     usage: Usage
     speculation: SpeculationStats
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ...) -> None: ...
+    step: StepInfo
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ..., step: _Optional[_Union[StepInfo, _Mapping]] = ...) -> None: ...

@@ -78,11 +78,26 @@ def _place(args: argparse.Namespace) -> None:
         pin(args.cpus)
 
 
+def _runner_config(args: argparse.Namespace):
+    """The model flags of ``spin verifier`` and ``spin drafter``."""
+    from .engine.model_runner import RunnerConfig
+
+    return RunnerConfig(device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        max_model_len=args.max_model_len, max_seqs=args.max_seqs,
+                        block_size=args.block_size, quantize=getattr(args, "quantize", "none"))
+
+
 def _verifier(args: argparse.Namespace) -> int:
     from .verifier.server import run
 
     _threads(args)
-    run(str(args.model), _server_config(args), slots=args.slots, decompose=not args.no_decompose)
+    try:
+        run(str(args.model), _server_config(args), _runner_config(args),
+            decompose=not args.no_decompose)
+    except ValueError as e:  # a device, dtype or memory budget that cannot work
+        print(f"spin verifier: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -90,8 +105,11 @@ def _drafter(args: argparse.Namespace) -> int:
     from .drafter.server import run
 
     _threads(args)
-    run(str(args.model), args.name, _server_config(args), slots=args.slots,
-        quantize=args.quantize)
+    try:
+        run(str(args.model), args.name, _server_config(args), _runner_config(args))
+    except ValueError as e:
+        print(f"spin drafter: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -170,23 +188,54 @@ def _redis_url(url: str | None) -> str | None:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _named_models(specs: list[str], what: str) -> dict[str, str]:
+    """NAME=PATH_OR_NAME flags -> {name: checkpoint} (ValueError naming the bad one)."""
+    out = {}
+    for spec in specs:
+        name, sep, model = spec.partition("=")
+        if not sep or not name or not model:
+            raise ValueError(f"{what} wants NAME=PATH_OR_NAME, got {spec!r}")
+        out[name] = model
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, serve
 
     try:
         _policy_config(args.policy_config)
+        drafter_models = _named_models(args.drafter, "--drafter") if args.drafter else None
     except ValueError as e:
-        print(f"spin serve: --policy-config: {e}", file=sys.stderr)
+        print(f"spin serve: {e}", file=sys.stderr)
         return 2
-    return serve(ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
-                             metrics_port=args.metrics_port,
-                             drafters=args.drafters.split(",") if args.drafters else None,
-                             default_drafter=args.default_drafter, default_k=args.default_k,
-                             max_batch=args.max_batch, max_queue=args.max_queue,
-                             redis=not args.no_redis, policy=args.policy,
-                             micro_batches=args.micro_batches, cpus=args.cpus,
-                             policy_config=args.policy_config,
-                             drafter_quantize=args.drafter_quantize))
+    cfg = ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
+                      metrics_port=args.metrics_port,
+                      drafters=args.drafters.split(",") if args.drafters else None,
+                      default_drafter=args.default_drafter, default_k=args.default_k,
+                      max_batch=args.max_batch, max_queue=args.max_queue,
+                      redis=not args.no_redis, policy=args.policy,
+                      micro_batches=args.micro_batches, cpus=args.cpus,
+                      policy_config=args.policy_config,
+                      drafter_quantize=args.drafter_quantize, target=args.target,
+                      drafter_models=drafter_models, runner=_runner_config(args),
+                      drafter_kv_cache_memory=args.drafter_kv_cache_memory)
+    if args.dry_run:
+        from .plan import plan_serve
+
+        return plan_serve(cfg, args.gpu_memory)
+    return serve(cfg)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import plan_command
+
+    try:
+        drafter_models = _named_models(args.drafter, "--drafter")
+    except ValueError as e:
+        print(f"spin plan: {e}", file=sys.stderr)
+        return 2
+    return plan_command(args.target, drafter_models, _runner_config(args),
+                        args.drafter_kv_cache_memory, args.gpu_memory, args.json)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -221,6 +270,25 @@ def _bench_engine(args: argparse.Namespace) -> int:
     print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
     _write_json(args.json, report)
     return 0 if report["lossless"] else 1
+
+
+def _bench_attention(args: argparse.Namespace) -> int:
+    import warnings
+
+    from .bench.attention import run_attention_bench
+
+    warnings.filterwarnings("ignore", module="torch.nn.attention.flex_attention")
+    rows = run_attention_bench(compile_flex=args.compile)
+    flex = "flex compiled" if args.compile else "flex eager"
+    print(f"{'batch':>5} {'context':>7} {'new':>3} | {'contiguous':>10} {'paged view':>10} "
+          f"{'paged gather':>12} {flex:>13} (ms per layer, medians; flex's first call s)")
+    for r in rows:
+        view = f"{r['paged_view_ms']:10.3f}" if "paged_view_ms" in r else f"{'-':>10}"
+        print(f"{r['batch']:5d} {r['context']:7d} {r['new_tokens']:3d} | {r['contiguous_ms']:10.3f} "
+              f"{view} {r['paged_gather_ms']:12.3f} {r['flex_ms']:13.3f} "
+              f"({r['flex_first_call_s']:.1f} s)")
+    _write_json(args.json, {"rows": rows, "flex_compiled": args.compile})
+    return 0
 
 
 def _bench_services(args: argparse.Namespace) -> int:
@@ -282,11 +350,19 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from .bench.profile import ProfileConfig, run_profile
+    from .engine.model_runner import RunnerConfig
 
+    try:
+        drafter_models = _named_models(args.drafter, "--drafter") if args.drafter else None
+    except ValueError as e:
+        print(f"spin profile: {e}", file=sys.stderr)
+        return 2
     r = run_profile(ProfileConfig(family_dir=args.family_dir, quick=args.quick, out=args.out,
                                   drafters=args.drafters.split(",") if args.drafters else None,
                                   threads=args.threads, drafter_threads=args.drafter_threads,
-                                  drafter_quantize=args.drafter_quantize))
+                                  drafter_quantize=args.drafter_quantize, target=args.target,
+                                  drafter_models=drafter_models,
+                                  runner=RunnerConfig(device=args.device, dtype=args.dtype)))
     print(f"wrote {r['out']} ({r['verify_points']} verify and {r['draft_points']} draft points)")
     print("fit error (MAPE): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["mape"].items()))
     print("batch size -> k at acceptance 0.7: " + ", ".join(
@@ -417,6 +493,49 @@ def _positive(kind: type) -> callable:
     return parse
 
 
+def _size(text: str) -> int:
+    from .engine.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _device(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def model_flags(p: argparse.ArgumentParser) -> None:
+    """Where a model runs and how much KV cache it gets (verifier, drafter, serve, plan)."""
+    p.add_argument("--device", type=_device, default="auto",
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="weights and KV cache (auto: float32 on the CPU, the checkpoint's on CUDA)")
+    p.add_argument("--kv-cache-memory", type=_size, metavar="SIZE",
+                   help="KV cache budget, e.g. 64MiB or 20GiB (default: 512MiB on the CPU; on "
+                        "CUDA what --gpu-memory-utilization leaves after weights and activations)")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9, metavar="F",
+                   help="share of the GPU this process may use (CUDA; default 0.9)")
+    p.add_argument("--max-model-len", type=_positive(int), metavar="N",
+                   help="longest request, prompt + output (default: the model's context, or what "
+                        "the KV cache holds if that is less); longer requests are refused")
+    p.add_argument("--max-seqs", "--slots", dest="max_seqs", type=_positive(int), default=64,
+                   help="requests held at once (no memory is set aside for them)")
+    p.add_argument("--block-size", type=_positive(int), default=16, help="tokens per KV block")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spin", description="SPIN serving: speculative decoding with "
                                 "a pool of heterogeneous draft models.")
@@ -475,7 +594,7 @@ def parser() -> argparse.ArgumentParser:
         sp = service(role, f"the {role} service ({'target' if role == 'verifier' else 'draft'} "
                      "model)", port, None)
         sp.add_argument("--model", type=Path, required=True, help="checkpoint directory")
-        sp.add_argument("--slots", type=_positive(int), default=64, help="KV cache slots")
+        model_flags(sp)
         sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
         if role == "drafter":
             sp.add_argument("--name", help="drafter name (default: the directory name)")
@@ -500,7 +619,8 @@ def parser() -> argparse.ArgumentParser:
                     "`kubectl proxy`'s http://127.0.0.1:8001 (default: in-cluster config)")
     rt.add_argument("--no-prompt-lookup", action="store_true",
                     help="do not offer prompt lookup (drafts from the request's own context)")
-    rt.add_argument("--tokenizer", type=Path, required=True, help="the target's model directory")
+    rt.add_argument("--tokenizer", required=True,
+                    help="the target's tokenizer: its checkpoint directory or Hugging Face name")
     rt.add_argument("--drafter", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
     rt.add_argument("--default-drafter", default="prompt-lookup",
                     help="drafter of requests in mode auto ('none' = no speculation)")
@@ -545,7 +665,33 @@ def parser() -> argparse.ArgumentParser:
                     help="the router's policy (learned profiles the machine on first start)")
     sv.add_argument("--policy-config", help="JSON overrides of the learned policy's settings "
                     "(see `spin router --help`)")
+    sv.add_argument("--target", help="the target: a checkpoint directory or a Hugging Face name "
+                    "in the local cache (default: the demo family's target)")
+    sv.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH_OR_NAME",
+                    help="a draft model (repeatable; default: the demo family's draft models)")
+    model_flags(sv)
+    sv.add_argument("--drafter-kv-cache-memory", type=_size, metavar="SIZE",
+                    help="each drafter's KV cache budget (default: its device's default: "
+                         "512MiB on the CPU, its share of the GPU on CUDA)")
+    sv.add_argument("--dry-run", action="store_true",
+                    help="print what each service would load and hold (weights, KV bytes per "
+                         "token, blocks, concurrent tokens), then exit (1 if one cannot fit)")
+    sv.add_argument("--gpu-memory", type=_size, metavar="SIZE",
+                    help="with --dry-run: the GPU's memory, e.g. 80GiB (to plan CUDA here)")
     sv.set_defaults(func=_serve)
+
+    pl = sub.add_parser("plan", help="memory plan of a deployment: per service its weights, KV "
+                        "bytes per token, blocks and concurrent tokens (reads configs only)")
+    pl.add_argument("--target", required=True, help="the target: checkpoint directory or name")
+    pl.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH_OR_NAME",
+                    help="a draft model (repeatable)")
+    model_flags(pl)
+    pl.add_argument("--drafter-kv-cache-memory", type=_size, metavar="SIZE",
+                    help="each drafter's KV cache budget (default: its device's default)")
+    pl.add_argument("--gpu-memory", type=_size, metavar="SIZE",
+                    help="memory of one GPU, e.g. 80GiB (CUDA plans without a GPU here)")
+    pl.add_argument("--json", help="write the plan as JSON to this file")
+    pl.set_defaults(func=_plan)
 
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -554,6 +700,12 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--json", help="write the report as JSON to this file")
     be.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     be.set_defaults(func=_bench_engine)
+
+    ba = bsub.add_parser("attention", help="attention over the paged KV cache: SDPA on a view, "
+                         "on gathered blocks, FlexAttention (one layer, CPU)")
+    ba.add_argument("--compile", action="store_true", help="time FlexAttention compiled")
+    ba.add_argument("--json", help="write the rows as JSON to this file")
+    ba.set_defaults(func=_bench_attention)
 
     bs = bsub.add_parser("services", help="the engine in process vs through the gRPC services")
     bs.add_argument("--drafter", default="draft-code")
@@ -578,6 +730,12 @@ def parser() -> argparse.ArgumentParser:
                     help="torch threads when timing drafters, as each drafter serves (0 = default)")
     pr.add_argument("--drafter-quantize", choices=("none", "int8"), default="none",
                     help="the draft models' weights, as the drafters serve them")
+    pr.add_argument("--target", help="the target's checkpoint (default: the family's)")
+    pr.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH_OR_NAME",
+                    help="a draft model to profile (repeatable; default: the family's)")
+    pr.add_argument("--device", type=_device, default="auto", help="as the services run")
+    pr.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                    default="auto", help="as the services run")
     pr.set_defaults(func=_profile)
 
     bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")
@@ -617,6 +775,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command in ("verifier", "drafter", "router"):  # a service: its log says what it runs
+        import logging
+
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if getattr(args, "temperature", 0.0) < 0:
         parser().error("--temperature must be >= 0")
     return args.func(args)

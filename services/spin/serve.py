@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Literal
 
 from .cpus import available_cpus, format_cpus, split
+from .engine.memory import resolve_device
+from .engine.model_runner import RunnerConfig
 from .engine.quant import resolve as resolve_quantize
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
@@ -39,7 +41,19 @@ class ServeConfig:
     """The embedded deployment."""
 
     family_dir: Path = FAMILY_DIR
-    """Model family: ``target`` plus draft models, each a checkpoint directory."""
+    """Model family: ``target`` plus draft models, each a checkpoint directory (the default
+    models)."""
+    target: str | None = None
+    """The target's checkpoint: a directory or a Hugging Face name (found in the local cache);
+    None: the family's ``target``."""
+    drafter_models: dict[str, str] | None = None
+    """Draft models, name -> checkpoint (directory or name); None: the family's draft models
+    (``drafters`` picks some of them)."""
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """The verifier's device, dtype, KV cache budget, max model length and requests
+    (``spin verifier``'s model flags); the drafters get the same device, dtype and lengths."""
+    drafter_kv_cache_memory: int | None = None
+    """Each drafter's KV cache budget (bytes; None: the default of its device)."""
     host: str = "127.0.0.1"
     """Interface the router listens on."""
     port: int = 50051
@@ -136,11 +150,12 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _cost_model_stale(path: Path, quantize: str, threads: int) -> str | None:
+def _cost_model_stale(path: Path, quantize: str, threads: int, models: dict) -> str | None:
     """Why the cost model at ``path`` must be measured (again), or None: missing, unreadable, or
-    measured with other drafter weights (a file without the field predates int8 drafters) or
+    measured with other drafter weights (a file without the field predates int8 drafters),
     another number of verifier threads (without the field: 2, what ``spin serve`` gave before
-    it recorded them)."""
+    it recorded them), or other models, device or dtype (``models``: what the profile records
+    under that key)."""
     if not path.exists():
         return "none yet; once"
     try:
@@ -155,11 +170,47 @@ def _cost_model_stale(path: Path, quantize: str, threads: int) -> str | None:
     measured_threads = raw.get("threads", 2)
     if measured_threads != threads:
         return f"measured with {measured_threads} verifier threads, serving with {threads}"
+    if raw.get("models") != models:
+        return "measured with other models, device or dtype"
     return None
 
 
 def _spin(*args: str) -> list[str]:
     return [sys.executable, "-m", "spin", *args]
+
+
+VERIFIER_GPU_SHARE = 0.75
+"""On one GPU shared by every service, the verifier's share of ``--gpu-memory-utilization``;
+the drafters split the rest equally."""
+
+
+def model_argv(runner: RunnerConfig, kv_cache_memory: int | None, gpu_share: float) -> list[str]:
+    """A service's model flags (``cli.model_flags``) for ``runner``."""
+    argv = ["--device", runner.device, "--dtype", runner.dtype, "--max-seqs",
+            str(runner.max_seqs), "--block-size", str(runner.block_size),
+            "--gpu-memory-utilization", f"{runner.gpu_memory_utilization * gpu_share:.4f}"]
+    if kv_cache_memory is not None:
+        argv += ["--kv-cache-memory", str(kv_cache_memory)]
+    if runner.max_model_len is not None:
+        argv += ["--max-model-len", str(runner.max_model_len)]
+    return argv
+
+
+def drafter_quantization(cfg: ServeConfig) -> str:
+    """The drafters' weights: ``drafter_quantize`` resolved, int8 only where they run on the
+    CPU (the runner refuses int8 elsewhere)."""
+    if cfg.runner.device != "cpu" and resolve_device(cfg.runner.device).type != "cpu":
+        return "none"
+    return resolve_quantize(cfg.drafter_quantize)
+
+
+def models(cfg: ServeConfig) -> tuple[str, dict[str, str]]:
+    """The target's checkpoint and the draft models (name -> checkpoint) ``cfg`` serves."""
+    target = cfg.target or str(cfg.family_dir / "target")
+    if cfg.drafter_models is not None:
+        return target, dict(cfg.drafter_models)
+    names = cfg.drafters if cfg.drafters is not None else family_members(cfg.family_dir)
+    return target, {n: str(cfg.family_dir / n) for n in names}
 
 
 class Embedded:
@@ -199,37 +250,42 @@ class Embedded:
                 print("warning: no redis-server binary found; acceptance statistics stay in the "
                       "router's memory (install redis-server to share them)", file=sys.stderr)
         try:
-            fam = cfg.family_dir
-            names = cfg.drafters if cfg.drafters is not None else family_members(fam)
-            quantize = resolve_quantize(cfg.drafter_quantize)
+            target, drafter_models = models(cfg)
+            quantize = drafter_quantization(cfg)
             verifier_threads, side_cpus, verifier_cpus = cfg.threads, (), ()
             if cfg.cpus == "split":
                 side, own = split(available_cpus())
                 side_cpus = ("--cpus", format_cpus(side))
                 verifier_cpus = ("--cpus", format_cpus(own))
                 verifier_threads = len(own)
-            stale = _cost_model_stale(cfg.cost_model, quantize, verifier_threads)
+            served = {"target": target, "drafters": drafter_models, "device": cfg.runner.device,
+                      "dtype": cfg.runner.dtype}
+            stale = _cost_model_stale(cfg.cost_model, quantize, verifier_threads, served)
             if cfg.policy == "learned" and stale:
                 print(f"measuring this machine for the cost model ({cfg.cost_model}: {stale}) ...",
                       flush=True)
-                subprocess.run(_spin("profile", "--quick", "--family-dir", str(fam), "--out",
-                                     str(cfg.cost_model), "--threads", str(verifier_threads),
-                                     "--drafter-threads", str(cfg.drafter_threads),
-                                     "--drafter-quantize", quantize),
-                               check=True, env=env)
-            threads = ("--threads", str(verifier_threads), "--metrics-port", "0", *verifier_cpus)
-            drafter_threads = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0",
-                               "--quantize", quantize, *side_cpus)
-            self.children.append(Child("verifier", _spin("verifier", "--model", str(fam / "target"),
+                subprocess.run(_spin("profile", "--quick", "--target", target, *(
+                    a for n, m in drafter_models.items() for a in ("--drafter", f"{n}={m}")),
+                    "--device", cfg.runner.device, "--dtype", cfg.runner.dtype, "--out",
+                    str(cfg.cost_model), "--threads", str(verifier_threads),
+                    "--drafter-threads", str(cfg.drafter_threads), "--drafter-quantize",
+                    quantize), check=True, env=env)
+            gpu_share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
+            threads = ("--threads", str(verifier_threads), "--metrics-port", "0", *verifier_cpus,
+                       *model_argv(cfg.runner, cfg.runner.kv_cache_memory, gpu_share[0]))
+            drafter_flags = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0",
+                             "--quantize", quantize, *side_cpus,
+                             *model_argv(cfg.runner, cfg.drafter_kv_cache_memory, gpu_share[1]))
+            self.children.append(Child("verifier", _spin("verifier", "--model", target,
                                                          "--port", "0", *threads), cfg.log_dir, env))
-            for name in names:
+            for name, model in drafter_models.items():
                 self.children.append(Child(f"drafter-{name}", _spin(
-                    "drafter", "--model", str(fam / name), "--name", name, "--port", "0",
-                    *drafter_threads), cfg.log_dir, env))
+                    "drafter", "--model", model, "--name", name, "--port", "0",
+                    *drafter_flags), cfg.log_dir, env))
             for c in self.children:
                 c.wait_ready(timeout_s)
             argv = ["router", "--verifier", f"127.0.0.1:{self.children[0].port}",
-                    "--tokenizer", str(fam / "target"), "--host", cfg.host, "--port", str(cfg.port),
+                    "--tokenizer", target, "--host", cfg.host, "--port", str(cfg.port),
                     "--metrics-port", str(cfg.metrics_port), "--default-drafter",
                     cfg.default_drafter, "--default-k", str(cfg.default_k),
                     "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue),

@@ -234,6 +234,21 @@ def test_monitoring_value_set_renders_the_operator_objects() -> None:
      "router.promptLookup is false"),
     (("--set", "router.defaultDrafter=draft-nope"), "router.defaultDrafter", "draft-nope"),
     (("--set", "gpu.enabled=true"), "models.source", "CPU image"),
+    (("--set", "verifier.kvCacheMemory=20XB"), "verifier.kvCacheMemory", "Does not match pattern"),
+    (("--set-json", 'drafters=[{"name": "a", "model": "a", "kvCacheMemory": "lots"}]'),
+     "drafters.0.kvCacheMemory", "Does not match pattern"),
+    (("--set", "gpu.memory=80 gigs"), "gpu.memory", "Does not match pattern"),
+    (("--set-json", "verifier.gpuMemoryUtilization=1.5"), "verifier.gpuMemoryUtilization",
+     "less than or equal to 1"),
+    (("--set-json", "drafterDefaults.gpuMemoryUtilization=0"),
+     "drafterDefaults.gpuMemoryUtilization", "greater than 0"),
+    (("--set", "verifier.device=gpu"), "verifier.device", "Does not match pattern"),
+    (("--set", "drafterDefaults.dtype=int8"), "drafterDefaults.dtype", '"auto", "float32"'),
+    (("--set", "verifier.maxModelLen=1"), "verifier.maxModelLen", "greater than or equal to 2"),
+    (("--set", "verifier.maxSeqs=0"), "verifier.maxSeqs", "greater than or equal to 1"),
+    (("--set", "verifier.device=cuda"), "verifier.device", "gets no GPU"),
+    (("--set", "drafterDefaults.device=cuda:1"), "drafters[draft-structured].device",
+     "gets no GPU"),
 ])
 def test_wrong_values_are_rejected_naming_the_field(args: tuple[str, ...], field_name: str,
                                                     message: str) -> None:
@@ -287,6 +302,58 @@ def test_changing_the_drafter_list_changes_the_pool() -> None:
     assert "--quantize" not in tiny["args"]  # drafterDefaults: weights as loaded
     assert tiny["resources"]["requests"] == {"cpu": "250m", "memory": "512Mi"}
     assert svcs["spin-drafter-coder"]["metadata"]["labels"]["spin.dev/drafter"] == "coder"
+
+
+MODEL_FLAGS = ("--device", "--dtype", "--max-seqs", "--gpu-memory-utilization",
+               "--kv-cache-memory", "--max-model-len")
+
+
+def model_flags(args: list[str]) -> dict[str, str | None]:
+    return {f: flag(args, f) for f in MODEL_FLAGS}
+
+
+def test_model_flags_of_the_gpu_value_set() -> None:
+    """Qwen2.5-7B in bf16 with 32k context and an explicit KV budget on a whole GPU; the drafters
+    in bf16 with the same context and a budget that fits an MPS slice (tests/deploy/
+    test_plan_values.py checks that these fit)."""
+    docs = render_set("gpu-mps")
+    assert model_flags(main_container(docs, "spin-verifier")["args"]) == {
+        "--device": "cuda", "--dtype": "bfloat16", "--max-seqs": "128",
+        "--gpu-memory-utilization": "0.9", "--kv-cache-memory": "48GiB",
+        "--max-model-len": "32768"}
+    deps, _ = drafter_objects(docs)
+    assert len(deps) == 3
+    for dep in deps.values():
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert model_flags(args) == {
+            "--device": "cuda", "--dtype": "bfloat16", "--max-seqs": "64",
+            "--gpu-memory-utilization": "0.9", "--kv-cache-memory": "8GiB",
+            "--max-model-len": "32768"}
+        assert "--slots" not in args
+
+
+def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
+    docs = render_set("default")
+    defaults = {"--device": "auto", "--dtype": "auto", "--max-seqs": "64",
+                "--gpu-memory-utilization": "0.9", "--kv-cache-memory": None,
+                "--max-model-len": None}  # null: no flag, the service's own default
+    assert model_flags(main_container(docs, "spin-verifier")["args"]) == defaults
+    for name in DEMO_DRAFTERS:
+        assert model_flags(main_container(docs, f"spin-drafter-{name}")["args"]) == defaults
+    assert model_flags(main_container(render_set("cpu-demo"), "spin-drafter-draft-code")[
+        "args"])["--kv-cache-memory"] == "64MiB"
+    pool = [{"name": "old", "model": "m", "slots": 8},
+            {"name": "long", "model": "m", "maxModelLen": 4096, "kvCacheMemory": "1.5G",
+             "dtype": "float16", "gpuMemoryUtilization": 0.5, "maxSeqs": 16}]
+    docs = render("--set", "verifier.slots=32", "--set", "drafterDefaults.maxSeqs=24",
+                  "--set", "verifier.kvCacheMemory=256Mi",
+                  "--set-json", "drafters=" + json.dumps(pool))
+    assert model_flags(main_container(docs, "spin-verifier")["args"]) == {
+        **defaults, "--max-seqs": "32", "--kv-cache-memory": "256Mi"}
+    assert flag(main_container(docs, "spin-drafter-old")["args"], "--max-seqs") == "8"
+    assert model_flags(main_container(docs, "spin-drafter-long")["args"]) == {
+        "--device": "auto", "--dtype": "float16", "--max-seqs": "16",
+        "--gpu-memory-utilization": "0.5", "--kv-cache-memory": "1.5G", "--max-model-len": "4096"}
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

@@ -410,6 +410,85 @@ def test_gpu_overlay() -> None:
             assert "/models" not in {m["mountPath"] for m in container(w).get("volumeMounts", [])}
 
 
+# --- model flags and whether they fit ----------------------------------------------------------
+
+CONFIGS = ROOT / "tests" / "deploy" / "configs"
+GIB = 1 << 30
+MODEL_FLAGS = {
+    # overlay: (device, dtype, verifier KV, drafter KV, max model len)
+    "base": ("auto", "auto", "512MiB", "128MiB", "1024"),
+    "cpu-demo": ("auto", "auto", "512MiB", "128MiB", "1024"),
+    "gpu": ("cuda", "bfloat16", "48GiB", "8GiB", "32768"),
+}
+GPU_MODELS = {"/models/target": CONFIGS / "Qwen2.5-7B-Instruct",
+              "/models/draft-code": CONFIGS / "Qwen2.5-Coder-0.5B-Instruct",
+              "/models/draft-prose": CONFIGS / "Qwen2.5-0.5B-Instruct"}
+"""What the gpu overlay's budgets were sized for (its kustomization says so)."""
+
+
+def spin_argv(docs: list[dict], workload: dict) -> list[str]:
+    """The container's command line after variable expansion."""
+    c = container(workload)
+    env = environment(docs, workload, c)
+    return [expand(a, env) for a in c["args"]]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_model_flags_per_role(target: str) -> None:
+    from spin.cli import parser
+
+    docs = docs_of(target)
+    device, dtype, verifier_kv, drafter_kv, max_len = MODEL_FLAGS[target]
+    for name, w in spin_workloads(docs).items():
+        if component(w) == "router":
+            continue
+        args = parser().parse_args(spin_argv(docs, w))  # the real parser takes them
+        kv = verifier_kv if component(w) == "verifier" else drafter_kv
+        opts = effective_args(docs, w, container(w))
+        assert (opts["--device"], opts["--dtype"], opts["--kv-cache-memory"],
+                opts["--max-model-len"]) == (device, dtype, kv, max_len), name
+        assert args.max_seqs == 64 and args.gpu_memory_utilization == 0.9
+        assert "--slots" not in opts
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_pod_fits_its_memory(target: str) -> None:
+    """The memory plan of every verifier and drafter pod (spin.plan) against its memory limit
+    and, in the gpu overlay, a whole 80 GiB GPU (verifier) or an MPS slice of one (drafters)."""
+    from spin.cli import parser
+    from spin.engine.memory import parse_size
+    from spin.engine.model_runner import RunnerConfig
+    from spin.plan import format_plan, plan_model
+
+    docs = docs_of(target)
+    slices = 1
+    if target == "gpu":
+        (mps,) = [d for d in by_kind(docs, "ConfigMap").values() if "spin-mps" in d["data"]]
+        slices = yaml.safe_load(mps["data"]["spin-mps"])["sharing"]["mps"]["resources"][0][
+            "replicas"]
+    plans = []
+    for name, w in spin_workloads(docs).items():
+        if component(w) == "router":
+            continue
+        a = parser().parse_args(spin_argv(docs, w))
+        runner = RunnerConfig(device=a.device, dtype=a.dtype, kv_cache_memory=a.kv_cache_memory,
+                              gpu_memory_utilization=a.gpu_memory_utilization,
+                              max_model_len=a.max_model_len, max_seqs=a.max_seqs,
+                              block_size=a.block_size, quantize=getattr(a, "quantize", "none"))
+        if target == "gpu":
+            config = GPU_MODELS[str(a.model)]
+            gpu = 80 * GIB
+            share = gpu if component(w) == "verifier" else gpu // slices
+        else:
+            config = FAMILY / Path(a.model).relative_to(DEMO_MODELS_IN_IMAGE)
+            gpu = share = None
+        limit = parse_size(container(w)["resources"]["limits"]["memory"])
+        plans.append(plan_model(name, str(a.model), runner, gpu, share, limit,
+                                config=config))
+    assert len(plans) == 1 + len(EXPECTED[target][0])
+    assert all(p.fits for p in plans), format_plan(plans)
+
+
 def _bytes(quantity: str) -> int:
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
     for unit, factor in units.items():

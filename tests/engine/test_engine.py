@@ -16,14 +16,17 @@ from spin.zoo.distill import greedy_continue
 NEW = 32
 LENGTHS = (8, 24, 64, 120)
 SLOTS = 16
+TARGET_KV, DRAFT_KV = 96 << 20, 16 << 20  # 250 and 2000 blocks of 16 tokens
 
 
 @pytest.fixture(scope="module")
 def engine(family_dir: Path, tokenizer) -> SpecEngine:
-    drafters = {name: ModelDrafter(name, ModelRunner(family_dir / name, num_slots=SLOTS))
+    drafters = {name: ModelDrafter(name, ModelRunner(family_dir / name, max_seqs=SLOTS,
+                                                     kv_cache_bytes=DRAFT_KV))
                 for name in ("draft-structured", "draft-code", "draft-prose", "draft-general")}
     drafters["prompt-lookup"] = PromptLookupDrafter()
-    verifier = Verifier(ModelRunner(family_dir / "target", num_slots=SLOTS))
+    verifier = Verifier(ModelRunner(family_dir / "target", max_seqs=SLOTS,
+                                    kv_cache_bytes=TARGET_KV))
     return SpecEngine(verifier, drafters, eos_id=None)  # never stop early: compare NEW tokens
 
 
@@ -43,10 +46,16 @@ def cases(family_dir: Path, tokenizer, target) -> list[tuple[tuple[int, ...], li
 
 
 def _free(engine: SpecEngine) -> None:
-    assert engine.verifier.runner.cache.free_slots == SLOTS
-    for d in engine.drafters.values():
-        if isinstance(d, ModelDrafter):
-            assert d.runner.cache.free_slots == SLOTS, d.name
+    """Every request released: no sequence id, block or context is left behind."""
+    runners = {"target": engine.verifier.runner}
+    runners.update((d.name, d.runner) for d in engine.drafters.values()
+                   if isinstance(d, ModelDrafter))
+    for name, runner in runners.items():
+        blocks = runner.cache.blocks
+        assert blocks.free_seqs == SLOTS and blocks.free_blocks == blocks.num_blocks, name
+    assert len(engine.verifier.seqs) == 0
+    assert all(len(d.seqs) == 0 for d in engine.drafters.values() if isinstance(d, ModelDrafter))
+    assert all(d.held("x") == 0 for d in engine.drafters.values())
 
 
 def test_target_alone_through_the_engine_equals_transformers(engine: SpecEngine, cases) -> None:

@@ -15,6 +15,7 @@ from spin.zoo.corpus import heldout_prompts
 from spin.zoo.distill import greedy_continue
 
 pytestmark = pytest.mark.skipif(not quant.available(), reason="no int8 CPU kernels in this torch")
+KV = 8 << 20  # KV cache budget of a draft runner here
 
 
 def test_int8_linear_is_within_its_quantization_error() -> None:
@@ -35,35 +36,38 @@ def test_resolve_and_bad_settings(family_dir: Path) -> None:
     with pytest.raises(ValueError, match="'auto', 'none' or 'int8'"):
         quant.resolve("int4")
     with pytest.raises(ValueError, match="quantize must be"):
-        ModelRunner(family_dir / "draft-structured", num_slots=1, quantize="fp8")
-    with pytest.raises(ValueError, match="float32"):
-        ModelRunner(family_dir / "draft-structured", num_slots=1, dtype=torch.bfloat16,
-                    quantize="int8")
+        ModelRunner(family_dir / "draft-structured", max_seqs=1, quantize="fp8")
+    for dtype in (torch.bfloat16, "float16"):
+        with pytest.raises(ValueError, match="float32"):
+            ModelRunner(family_dir / "draft-structured", max_seqs=1, dtype=dtype,
+                        quantize="int8")
 
 
 def test_int8_drafter_predicts_what_fp32_predicts_mostly(family_dir: Path, tokenizer) -> None:
     """Greedy next-token predictions over held-out text: int8 agrees with fp32 on nearly all
     (96.5% of 1159 positions when written)."""
-    fp32 = ModelRunner(family_dir / "draft-code", num_slots=1)
-    int8 = ModelRunner(family_dir / "draft-code", num_slots=1, quantize="int8")
+    fp32 = ModelRunner(family_dir / "draft-code", max_seqs=1, kv_cache_bytes=KV)
+    int8 = ModelRunner(family_dir / "draft-code", max_seqs=1, kv_cache_bytes=KV, quantize="int8")
     agree = total = 0
     for row in heldout_prompts(family_dir)[:12]:
         ids = tuple(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"][:100])
         preds = []
         for runner in (fp32, int8):
-            slot = runner.cache.admit("r")
-            preds.append(runner.forward([ForwardItem(slot, ids)])[0].argmax(-1))  # [L]
-            runner.cache.free(slot)
+            seq = runner.cache.blocks.admit("r")
+            preds.append(runner.forward([ForwardItem(seq, ids)])[0].argmax(-1))  # [L]
+            runner.cache.blocks.free(seq)
+            assert runner.cache.blocks.free_blocks == runner.cache.blocks.num_blocks
         agree += int((preds[0] == preds[1]).sum())
         total += len(ids)
     assert agree / total > 0.9, f"{agree}/{total}"
 
 
 def test_int8_drafters_keep_greedy_output_lossless(family_dir: Path, tokenizer, target) -> None:
-    drafters = {n: ModelDrafter(n, ModelRunner(family_dir / n, num_slots=8, quantize="int8"))
+    drafters = {n: ModelDrafter(n, ModelRunner(family_dir / n, max_seqs=8, kv_cache_bytes=KV,
+                                               quantize="int8"))
                 for n in ("draft-code", "draft-prose")}
-    engine = SpecEngine(Verifier(ModelRunner(family_dir / "target", num_slots=8)), drafters,
-                        eos_id=None)
+    engine = SpecEngine(Verifier(ModelRunner(family_dir / "target", max_seqs=8,
+                                             kv_cache_bytes=32 << 20)), drafters, eos_id=None)
     rows = heldout_prompts(family_dir)[::25][:8]
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"][:40] for r in rows]
     prompts = [p for p in prompts if len(p) == 40]

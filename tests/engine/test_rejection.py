@@ -5,7 +5,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from spin.engine.rejection import verify_greedy, verify_stochastic
+from spin.engine.rejection import num_uniforms, verify_batch, verify_greedy, verify_stochastic
 from spin.engine.sampling import SamplingParams, probs_from_logits
 from spin.engine.tree import TokenTree
 
@@ -137,3 +137,70 @@ def test_seeded_verification_repeats() -> None:
         gen = params.generator()
         runs.append([first_two_tokens(SHAPES["tree"], params, True, gen) for _ in range(50)])
     assert runs[0] == runs[1]
+
+
+def test_num_uniforms_is_fixed_by_the_tree_shape() -> None:
+    assert num_uniforms(TokenTree((), ())) == 1
+    assert num_uniforms(TokenTree.chain([1, 2, 3])) == 3 * 1 + 1
+    assert num_uniforms(TokenTree((1, 2, 3, 4, 0), SHAPES["tree"])) == 3 * 2 + 1
+
+
+def _sampled_case(seed: int, parents: tuple[int, ...]) -> tuple[TokenTree, torch.Tensor]:
+    params = PARAMS["t1"]
+    gen = torch.Generator().manual_seed(seed)
+    ctx = (seed % V,)
+    tree = draft_tree(ctx, parents, params, True, gen)
+    return tree, target_rows(ctx, tree, params)
+
+
+def _with_probs(tree: TokenTree, probs: torch.Tensor) -> TokenTree:
+    return TokenTree(tree.tokens, tree.parents, probs)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp16_unnormalised_and_narrow_rows_are_the_same_draft(shape: str) -> None:
+    """Draft rows are normalised inside (any positive scale, fp16 or fp32) and a draft
+    vocabulary narrower than the target's is zero-padded: the same draws decide the same."""
+    for seed in range(100):
+        tree, rows = _sampled_case(seed, SHAPES[shape])
+        q16 = tree.draft_probs.half()                        # [N, V], sums off 1 by rounding
+        narrow = q16.clone()
+        narrow[:, -1] = 0  # the draft cannot draw the last id...
+        keep = narrow.shape[1] - 1
+        variants = [q16, q16 * 4, q16.float() / 8, narrow, narrow[:, :keep]]  # ...nor has its row
+        outs = []
+        for probs in variants:
+            gen = torch.Generator().manual_seed(1000 + seed)
+            outs.append(verify_stochastic(_with_probs(tree, probs), rows, gen))
+        assert outs[0] == outs[1] == outs[2], seed
+        assert outs[3] == outs[4], seed
+
+
+def test_verify_batch_decides_each_request_as_alone() -> None:
+    """One batch of greedy and sampled requests (different trees, rows at different offsets):
+    each verdict equals the single-request rule with the same generator state."""
+    cases = []
+    for i, (shape, params) in enumerate([("chain", PARAMS["t1"]), ("tree", SamplingParams()),
+                                         ("tree", PARAMS["t07-topk3-topp09"]),
+                                         ("chain", SamplingParams()), ("tree", PARAMS["t1"])]):
+        gen = torch.Generator().manual_seed(50 + i)
+        tree = draft_tree((i,), SHAPES[shape], params, not params.greedy, gen)
+        logits = torch.stack([target_logits((i,))] + [target_logits((i, n)) for n in tree.tokens])
+        cases.append((tree, params, logits, i % 3))                    # [N + 1, V], start offset
+    lq = max(start + len(logits) for _, _, logits, start in cases)
+    batch = torch.full((len(cases), lq, V), -1e4)
+    for b, (_, _, logits, start) in enumerate(cases):
+        batch[b, start:start + len(logits)] = logits
+    for trial in range(20):
+        gens = [torch.Generator().manual_seed(trial * 10 + b) for b in range(len(cases))]
+        got = verify_batch(batch, [c[3] for c in cases], [c[0] for c in cases],
+                           [c[1] for c in cases], gens)
+        for b, (tree, params, logits, _) in enumerate(cases):
+            gen = torch.Generator().manual_seed(trial * 10 + b)
+            want = (verify_greedy(tree, logits) if params.greedy
+                    else verify_stochastic(tree, probs_from_logits(logits, params), gen))
+            assert got[b] == want, (trial, b)
+        # a request decides the same whatever shares its batch
+        alone = verify_batch(batch[2:3], [cases[2][3]], [cases[2][0]], [cases[2][1]],
+                             [torch.Generator().manual_seed(trial * 10 + 2)])
+        assert alone[0] == got[2]

@@ -39,10 +39,11 @@ def test_buf_lint_passes() -> None:
 
 
 def test_messages_round_trip() -> None:
-    row = token_tree_pb2.DraftDistribution(token_ids=[11], token_probs=[0.5])
+    row = token_tree_pb2.DraftDistribution(token_ids=[11], token_probs_f16=b"\x00\x38")  # 0.5
     tree = token_tree_pb2.TokenTree(tokens=[11, 12, 13], parents=[-1, 0, 0], probs=[row] * 3)
     back = token_tree_pb2.TokenTree.FromString(tree.SerializeToString())
     assert list(back.tokens) == [11, 12, 13] and list(back.parents) == [-1, 0, 0]
+    assert back.probs[2].token_probs_f16 == b"\x00\x38"
     req = generation_pb2.GenerateRequest(prompt="x", max_tokens=3, stop=["\n\n"])
     assert generation_pb2.GenerateRequest.FromString(req.SerializeToString()).stop == ["\n\n"]
     assert not req.sampling.HasField("top_p")  # unset top_p means "off", not 0

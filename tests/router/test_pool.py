@@ -13,8 +13,33 @@ import pytest
 
 from spin.router.clients import ServiceDown
 from spin.router.pool import ReplicaPool
-from spin.rpc.contexts import ContextBook
 from spin.v1 import verifier_pb2
+
+
+class ContextBook:
+    """A replica's contexts, synced by (keep, delta) as a service keeps them."""
+
+    def __init__(self) -> None:
+        self._ctx: dict[str, list[int]] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._ctx
+
+    def apply(self, request_id: str, keep: int, delta) -> list[int] | None:
+        """The context after the update, or None (resync) when ``keep`` tokens are not held."""
+        held = self._ctx.get(request_id)
+        if keep < 0 or keep > (0 if held is None else len(held)):
+            return None
+        held = self._ctx.setdefault(request_id, [])
+        del held[keep:]
+        held.extend(delta)
+        return held
+
+    def extend(self, request_id: str, tokens: list[int]) -> None:
+        self._ctx[request_id].extend(tokens)
+
+    def release(self, request_id: str) -> None:
+        self._ctx.pop(request_id, None)
 
 
 class Replica:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,65 +91,93 @@ def test_tree_round_trip_without_probs(tree: TokenTree) -> None:
     assert back.is_chain == tree.is_chain
 
 
-def _topk_row(k: int, seed: int) -> torch.Tensor:
-    """A normalised [V] row with exactly k nonzero entries."""
+def _topk_row(k: int, seed: int, vocab: int = V) -> torch.Tensor:
+    """A normalised [vocab] row with exactly k nonzero entries."""
     g = torch.Generator().manual_seed(seed)
-    row = torch.zeros(V)
-    ids = torch.randperm(V, generator=g)[:k]
+    row = torch.zeros(vocab)
+    ids = torch.randperm(vocab, generator=g)[:k]
     row[ids] = torch.rand(k, generator=g) + 0.1
     return row / row.sum()
 
 
-def _full_row(seed: int) -> torch.Tensor:
+def _full_row(seed: int, vocab: int = V) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.softmax(torch.randn(V, generator=g), -1)
+    return torch.softmax(torch.randn(vocab, generator=g), -1)
 
 
-def test_chain_probs_sparse_and_dense_round_trip() -> None:
-    """A top-k'd row travels sparse (only its nonzero entries), a full row dense."""
-    probs = torch.stack([_topk_row(3, 0), _full_row(1), _topk_row(1, 2)])
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp16 values as their bit patterns (equality bit for bit)."""
+    assert t.dtype == torch.float16
+    return t.view(torch.int16)
+
+
+def _f16(values) -> bytes:
+    return np.asarray(values, dtype="<f2").tobytes()
+
+
+def test_chain_probs_sparse_and_dense_round_trip_bit_for_bit() -> None:
+    """A top-k'd row travels sparse (only its nonzero entries), a full row dense; both as
+    little-endian fp16 bytes, and come back as the same fp16 values."""
+    probs = torch.stack([_topk_row(3, 0), _full_row(1), _topk_row(1, 2)]).half()
     tree = TokenTree.chain([int(probs[i].argmax()) for i in range(3)], probs)
     msg = tree_to_proto(tree)
     assert len(msg.probs) == 3
     sparse, dense, one = msg.probs
-    assert len(sparse.dense) == 0 and len(sparse.token_ids) == 3 == len(sparse.token_probs)
-    assert sorted(sparse.token_ids) == sorted(probs[0].nonzero().flatten().tolist())
-    assert len(dense.dense) == V and len(dense.token_ids) == 0
-    assert list(one.token_ids) == [int(probs[2].argmax())] and one.token_probs[0] == pytest.approx(1.0)
+    assert len(sparse.dense_f16) == 0 and len(sparse.token_ids) == 3
+    assert len(sparse.token_probs_f16) == 2 * 3
+    assert list(sparse.token_ids) == probs[0].nonzero().flatten().tolist()  # ascending
+    assert sparse.token_probs_f16 == _f16(probs[0][probs[0] > 0].numpy())
+    assert dense.dense_f16 == _f16(probs[1].numpy()) and len(dense.dense_f16) == 2 * V
+    assert len(dense.token_ids) == 0 and len(dense.token_probs_f16) == 0
+    assert list(one.token_ids) == [int(probs[2].argmax())] and one.token_probs_f16 == _f16([1.0])
     back = tree_from_proto(msg, V)
     assert back.tokens == tree.tokens and back.parents == tree.parents
     assert back.draft_probs is not None and back.draft_probs.shape == (3, V)
-    assert back.draft_probs.dtype == torch.float32
-    assert torch.equal(back.draft_probs, probs)
+    assert back.draft_probs.dtype == torch.float16
+    assert torch.equal(_bits(back.draft_probs), _bits(probs))
 
 
 def test_tree_probs_round_trip() -> None:
-    """A branching tree with a mix of sparse and dense rows comes back equal."""
+    """A branching tree with a mix of sparse and dense rows comes back equal, bit for bit;
+    fp32 rows travel as their fp16 rounding."""
     rows = [_full_row(10), _full_row(10), _topk_row(2, 11), _topk_row(5, 12), _full_row(13)]
     probs = torch.stack(rows)
     tree = TokenTree((1, 2, 3, 4, 5), (-1, -1, 0, 1, 2), probs)
     msg = tree_to_proto(tree)
-    assert [len(r.dense) > 0 for r in msg.probs] == [True, True, False, False, True]
+    assert [len(r.dense_f16) > 0 for r in msg.probs] == [True, True, False, False, True]
     back = tree_from_proto(msg, V)
     assert back == tree  # tokens and parents (draft_probs is excluded from equality)
-    assert torch.equal(back.draft_probs, probs)
+    assert torch.equal(_bits(back.draft_probs), _bits(probs.half()))
 
 
 def test_half_full_row_goes_dense_and_low_precision_converts() -> None:
-    """Exactly half the vocabulary nonzero is not smaller sparse; bfloat16 rows ship as float32."""
+    """Exactly half the vocabulary nonzero is not smaller sparse; bfloat16 rows ship as fp16."""
     row = torch.zeros(V)
     row[: V // 2] = 1.0 / (V // 2)
     tree = TokenTree.chain([0], row[None].to(torch.bfloat16))
     msg = tree_to_proto(tree)
-    assert len(msg.probs[0].dense) == V
+    assert len(msg.probs[0].dense_f16) == 2 * V
     back = tree_from_proto(msg, V)
-    assert torch.equal(back.draft_probs, row[None])
+    assert torch.equal(_bits(back.draft_probs), _bits(row[None].half()))
+
+
+def test_rows_of_a_smaller_draft_vocabulary_are_zero_padded() -> None:
+    """A draft whose vocabulary has fewer ids than the target's rows: dense or sparse, its rows
+    come back [N, V] with zeros past its ids."""
+    small = V - 5
+    probs = torch.stack([_full_row(20, small), _topk_row(2, 21, small)]).half()
+    msg = tree_to_proto(TokenTree.chain([0, 1], probs))
+    assert len(msg.probs[0].dense_f16) == 2 * small and len(msg.probs[1].token_ids) == 2
+    back = tree_from_proto(msg, V)
+    assert back.draft_probs.shape == (2, V)
+    assert torch.equal(_bits(back.draft_probs[:, :small]), _bits(probs))
+    assert not bool(back.draft_probs[:, small:].any())
 
 
 def test_tree_from_proto_builds_on_device() -> None:
     tree = TokenTree.chain([1], _full_row(3)[None])
     back = tree_from_proto(tree_to_proto(tree), V, device="cpu")
-    assert back.draft_probs.device.type == "cpu"
+    assert back.draft_probs.device.type == "cpu" and back.draft_probs.dtype == torch.float16
 
 
 def _msg(tokens: list[int], parents: list[int]) -> token_tree_pb2.TokenTree:
@@ -157,30 +186,56 @@ def _msg(tokens: list[int], parents: list[int]) -> token_tree_pb2.TokenTree:
 
 def test_wrong_number_of_prob_rows_raises() -> None:
     msg = _msg([1, 2], [-1, 0])
-    msg.probs.add(dense=_full_row(0).tolist())
+    msg.probs.add(dense_f16=_f16(_full_row(0).numpy()))
     with pytest.raises(ValueError, match="probability rows"):
         tree_from_proto(msg, V)
-    msg.probs.add(dense=_full_row(1).tolist())
-    msg.probs.add(dense=_full_row(2).tolist())
+    msg.probs.add(dense_f16=_f16(_full_row(1).numpy()))
+    msg.probs.add(dense_f16=_f16(_full_row(2).numpy()))
     with pytest.raises(ValueError, match="probability rows"):
         tree_from_proto(msg, V)
 
 
-def test_dense_row_of_wrong_size_raises() -> None:
+def test_dense_row_longer_than_the_vocabulary_raises() -> None:
     msg = _msg([1], [-1])
-    msg.probs.add(dense=[1.0 / (V - 1)] * (V - 1))
+    msg.probs.add(dense_f16=_f16([1.0 / (V + 1)] * (V + 1)))
     with pytest.raises(ValueError, match="dense row"):
         tree_from_proto(msg, V)
     msg = _msg([1], [-1])
-    msg.probs.add(dense=[1.0 / (V + 1)] * (V + 1))
-    with pytest.raises(ValueError, match="dense row"):
+    msg.probs.add(dense_f16=_f16([1.0 / (V - 1)] * (V - 1)))  # shorter: zero-padded
+    assert tree_from_proto(msg, V).draft_probs[0, V - 1] == 0
+
+
+ONE, INF, NAN, NEG = b"\x00\x3c", b"\x00\x7c", b"\x00\x7e", b"\x00\xbc"  # 1.0, inf, nan, -1.0
+
+
+@pytest.mark.parametrize(("dense", "ids", "values", "match"), [
+    (ONE + b"\x00", None, None, "whole number of fp16"),
+    (None, [1, 2], ONE + ONE[:1], "whole number of fp16"),
+    (ONE + INF, None, None, "finite"),
+    (NAN + ONE, None, None, "finite"),
+    (None, [3], INF, "finite"),
+    (ONE + NEG, None, None, ">= 0"),
+    (None, [1, 2], ONE + NEG, ">= 0"),
+    (b"\x00\x00" * V, None, None, "no mass"),
+    (None, [4], b"\x00\x00", "no mass"),
+    (None, [], b"", "no mass"),
+], ids=["odd-dense", "odd-sparse", "inf-dense", "nan-dense", "inf-sparse", "negative-dense",
+        "negative-sparse", "zero-dense", "zero-sparse", "empty-row"])
+def test_malformed_rows_raise(dense: bytes | None, ids: list[int] | None,
+                              values: bytes | None, match: str) -> None:
+    msg = _msg([1], [-1])
+    if dense is not None:
+        msg.probs.add(dense_f16=dense)
+    else:
+        msg.probs.add(token_ids=ids, token_probs_f16=values)
+    with pytest.raises(ValueError, match=match):
         tree_from_proto(msg, V)
 
 
 @pytest.mark.parametrize("ids", [[V], [-1], [0, V + 5]])
 def test_sparse_row_outside_vocab_raises(ids: list[int]) -> None:
     msg = _msg([1], [-1])
-    msg.probs.add(token_ids=ids, token_probs=[1.0 / len(ids)] * len(ids))
+    msg.probs.add(token_ids=ids, token_probs_f16=_f16([1.0 / len(ids)] * len(ids)))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tree_from_proto(msg, V)
 
@@ -207,6 +262,6 @@ def test_tokens_parents_length_mismatch_raises() -> None:
                          ids=["broadcast", "probs-without-ids", "runtime-error"])
 def test_sparse_row_length_mismatch_raises_value_error(ids: list[int], probs: list[float]) -> None:
     msg = _msg([1], [-1])
-    msg.probs.add(token_ids=ids, token_probs=probs)
+    msg.probs.add(token_ids=ids, token_probs_f16=_f16(probs))
     with pytest.raises(ValueError):
         tree_from_proto(msg, V)

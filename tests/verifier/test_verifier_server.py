@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
 from spin.drafter.server import DrafterService
 from spin.engine.drafter import ModelDrafter
 from spin.engine.engine import GenerationRequest, SpecEngine
-from spin.engine.model_runner import ModelRunner
+from spin.engine.model_runner import ModelRunner, RunnerConfig
 from spin.engine.sampling import SamplingParams
 from spin.engine.tree import TokenTree
 from spin.engine.verifier import Verifier
@@ -30,11 +31,17 @@ DRAFT = FAMILY_DIR / "draft-code"
 SLOTS = 4
 NEW = 12
 VOCAB = 4096
+KV = 32 << 20  # the target's KV cache budget here (85 blocks of 16 tokens)
+TBLOCK = 2 * 8 * 6 * 64 * 4 * 16  # one KV block of the demo target in fp32
+
+
+def _config(max_seqs: int = SLOTS, kv: int = KV, **kw) -> RunnerConfig:
+    return RunnerConfig(device="cpu", max_seqs=max_seqs, kv_cache_memory=kv, **kw)
 
 
 @pytest.fixture(scope="module")
 def service() -> VerifierService:
-    return VerifierService(PATH, slots=SLOTS)
+    return VerifierService(PATH, _config())
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,9 @@ def prompts() -> list[tuple[int, ...]]:
 @pytest.fixture(scope="module")
 def engine() -> SpecEngine:
     """The in-process engine (the reference): target alone, or with draft-code."""
-    return SpecEngine(Verifier(ModelRunner(PATH, num_slots=2)),
-                      {"draft-code": ModelDrafter("draft-code", ModelRunner(DRAFT, num_slots=2))})
+    return SpecEngine(Verifier(ModelRunner(PATH, max_seqs=2, kv_cache_bytes=KV)),
+                      {"draft-code": ModelDrafter("draft-code", ModelRunner(
+                          DRAFT, max_seqs=2, kv_cache_bytes=8 << 20))})
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +72,11 @@ def greedy(engine: SpecEngine, prompts) -> list[list[int]]:
 def clean(service: VerifierService) -> Iterator[None]:
     """Every test ends with an empty service (all requests released)."""
     yield
-    service.run_batch(verifier_pb2.VerifyRequest(release=list(service.book._ctx)))
-    assert service.verifier.runner.cache.free_slots == SLOTS and len(service.book) == 0
+    seqs = service.verifier.seqs
+    service.run_batch(verifier_pb2.VerifyRequest(release=[s.request_id for s in seqs]))
+    blocks = service.verifier.runner.cache.blocks
+    assert blocks.free_seqs == SLOTS and len(seqs) == 0
+    assert blocks.free_blocks == blocks.num_blocks
 
 
 def _task(rid: str, keep: int, delta=(), tree: TokenTree | token_tree_pb2.TokenTree | None = None,
@@ -91,16 +102,32 @@ def _decode_plain(service: VerifierService, prompts, steps: int,
         resp = service.run_batch(_batch(*tasks, batch_id=100 + step))
         assert resp.batch_id == 100 + step
         for i, res in enumerate(resp.results):
-            assert res.request_id == f"p{i}" and not res.resync
+            assert res.request_id == f"p{i}" and not res.resync and not res.preempted
             assert len(res.tokens) == 1 and res.num_accepted == 0
             out[i].extend(res.tokens)
     return out
 
 
+def test_info_reports_the_model_and_its_cache(service) -> None:
+    info = service.info()
+    runner = service.verifier.runner
+    assert (info.name, info.model_path, info.vocab_size) == ("target", str(PATH), VOCAB)
+    assert (info.max_context, info.max_requests) == (runner.max_len, SLOTS) == (1024, SLOTS)
+    assert (info.block_size, info.num_blocks) == (16, KV // TBLOCK)
+    assert info.kv_cache_bytes == info.num_blocks * TBLOCK and info.weight_bytes > 0
+    assert (info.device, info.dtype) == ("cpu", "float32")
+    assert info.tokenizer_size == VOCAB and len(info.tokenizer_fingerprint) == 64
+    assert info.tokenizer.endswith("target")
+
+
 def test_plain_greedy_steps_equal_target_alone(service, prompts, greedy) -> None:
     got = _decode_plain(service, prompts, NEW)
     assert got == [g[:NEW] for g in greedy]
-    assert service.verifier.runner.cache.free_slots == SLOTS - len(prompts)
+    blocks = service.verifier.runner.cache.blocks
+    assert blocks.free_seqs == SLOTS - len(prompts)
+    # each cache holds its context but the last token: prompt + NEW - 1 tokens
+    held = sum(blocks.blocks_for(len(p) + NEW - 1) for p in prompts)
+    assert blocks.free_blocks == blocks.num_blocks - held
 
 
 def test_seeded_sampling_steps_equal_the_engine(service, engine, prompts) -> None:
@@ -166,17 +193,20 @@ def test_unknown_request_and_empty_context_are_resync(service, prompts) -> None:
     ghost, empty, b = resp.results
     assert ghost.resync and empty.resync and not b.resync
     assert len(ghost.tokens) == 0 and len(empty.tokens) == 0 and len(b.tokens) == 1
-    assert "ghost" not in service.verifier.slots and "empty" not in service.verifier.slots
-    assert service.verifier.runner.cache.free_slots == SLOTS - 1
+    assert "ghost" not in service.verifier.seqs and "empty" not in service.verifier.seqs
+    assert service.verifier.runner.cache.blocks.free_seqs == SLOTS - 1
 
 
-def test_release_frees_the_slot(service, prompts) -> None:
-    cache = service.verifier.runner.cache
-    service.run_batch(_batch(_task("a", 0, prompts[0]), _task("b", 0, prompts[1])))
-    assert cache.free_slots == SLOTS - 2
+def test_release_frees_the_sequence_and_its_blocks(service, prompts) -> None:
+    blocks = service.verifier.runner.cache.blocks
+    resp = service.run_batch(_batch(_task("a", 0, prompts[0]), _task("b", 0, prompts[1])))
+    assert blocks.free_seqs == SLOTS - 2
+    assert (resp.free_blocks, resp.num_blocks) == (blocks.num_blocks - 2 - 2, KV // TBLOCK)
     resp = service.run_batch(_batch(release=["a", "never-seen"], batch_id=5))
     assert resp.batch_id == 5 and len(resp.results) == 0
-    assert cache.free_slots == SLOTS - 1 and "a" not in service.book and "b" in service.book
+    assert resp.free_blocks == blocks.free_blocks == blocks.num_blocks - 2
+    seqs = service.verifier.seqs
+    assert blocks.free_seqs == SLOTS - 1 and "a" not in seqs and "b" in seqs
     res = service.run_batch(_batch(_task("a", len(prompts[0]) + 1))).results[0]
     assert res.resync
 
@@ -184,24 +214,25 @@ def test_release_frees_the_slot(service, prompts) -> None:
 def test_release_in_the_same_batch_makes_room(service, prompts) -> None:
     for i in range(SLOTS):
         service.run_batch(_batch(_task(f"r{i}", 0, prompts[i % 3])))
-    assert service.verifier.runner.cache.free_slots == 0
+    assert service.verifier.runner.cache.blocks.free_seqs == 0
     resp = service.run_batch(_batch(_task("new", 0, prompts[0]), release=["r0"]))
     assert not resp.results[0].resync and len(resp.results[0].tokens) == 1
 
 
-def test_more_new_requests_than_free_slots_is_rejected(service, prompts) -> None:
-    cache = service.verifier.runner.cache
+def test_more_new_requests_than_free_sequences_is_rejected(service, prompts) -> None:
+    blocks = service.verifier.runner.cache.blocks
     tasks = [_task(f"r{i}", 0, prompts[i % 3]) for i in range(SLOTS + 1)]
     with pytest.raises(BatchRejected) as e:
         service.run_batch(_batch(*tasks))
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert cache.free_slots == SLOTS and len(service.book) == 0  # nothing was touched
+    assert blocks.free_seqs == SLOTS and len(service.verifier.seqs) == 0  # nothing was touched
+    assert blocks.free_blocks == blocks.num_blocks
     service.run_batch(_batch(_task("a", 0, prompts[0]), _task("b", 0, prompts[1])))
     with pytest.raises(BatchRejected) as e:  # 2 held + 3 new > 4
         service.run_batch(_batch(_task("a", len(prompts[0]) + 1),
                                  *[_task(f"n{i}", 0, prompts[2]) for i in range(3)]))
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert cache.free_slots == SLOTS - 2
+    assert blocks.free_seqs == SLOTS - 2
 
 
 @pytest.mark.parametrize("bad", ["token", "negative-token", "parent", "probs", "sampling"])
@@ -215,7 +246,7 @@ def test_invalid_task_is_rejected(service, prompts, bad: str) -> None:
     elif bad == "parent":
         tree.parents[0] = 1
     elif bad == "probs":
-        tree.probs.add(dense=[1.0 / VOCAB] * VOCAB)  # one row for two nodes
+        tree.probs.add(dense_f16=np.full(VOCAB, 1.0 / VOCAB, dtype="<f2").tobytes())  # 1 row, 2 nodes
         sampling = SamplingParams(temperature=1.0)
     task = _task("a", 0, prompts[0], tree, sampling)
     if bad == "sampling":
@@ -224,12 +255,48 @@ def test_invalid_task_is_rejected(service, prompts, bad: str) -> None:
         service.run_batch(_batch(_task("ok", 0, prompts[1]), task))
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(e.value).startswith("a: ")  # names the offending request
-    assert service.verifier.runner.cache.free_slots == SLOTS  # no forward ran
+    blocks = service.verifier.runner.cache.blocks
+    assert blocks.free_seqs == SLOTS and blocks.free_blocks == blocks.num_blocks  # no forward ran
+
+
+def test_preempted_when_blocks_run_out(prompts, greedy) -> None:
+    """Eight blocks of 16 tokens: when a batch does not fit, the youngest requests are answered
+    preempted=True (no tokens, not a resync); sent again with the same keep once blocks are
+    free, they emit the target's greedy tokens."""
+    small = VerifierService(PATH, _config(kv=8 * TBLOCK))
+    blocks = small.verifier.runner.cache.blocks
+    a = prompts[0] + prompts[2]  # 67 tokens: 5 blocks
+    resp = small.run_batch(_batch(_task("a", 0, a), _task("b", 0, prompts[1])))  # + 2 blocks
+    assert not any(r.preempted or r.resync for r in resp.results)
+    assert (resp.free_blocks, resp.num_blocks) == (1, 8) == (blocks.free_blocks, blocks.num_blocks)
+    assert list(resp.results[1].tokens) == greedy[1][:1]
+    # a grows by 30 tokens (2 more blocks): c (new, 3 blocks) and then b are preempted
+    resp = small.run_batch(_batch(_task("a", len(a) + 1, prompts[0]),
+                                  _task("b", len(prompts[1]) + 1),
+                                  _task("c", 0, prompts[2]), batch_id=2))
+    ra, rb, rc = resp.results
+    assert not ra.preempted and len(ra.tokens) == 1
+    for r in (rb, rc):
+        assert r.preempted and not r.resync and len(r.tokens) == 0 and r.num_accepted == 0
+    assert resp.free_blocks == blocks.free_blocks == 1
+    resp = small.run_batch(_batch(_task("b", len(prompts[1]) + 1), _task("c", 0, prompts[2]),
+                                  batch_id=3, release=["a"]))
+    rb, rc = resp.results
+    assert not rb.preempted and not rc.preempted
+    assert list(rb.tokens) == greedy[1][1:2] and list(rc.tokens) == greedy[2][:1]
+    out = {"b": greedy[1][:2], "c": greedy[2][:1]}
+    for step in range(3):  # and they go on as if nothing happened
+        resp = small.run_batch(_batch(_task("b", len(prompts[1]) + len(out["b"])),
+                                      _task("c", len(prompts[2]) + len(out["c"]))))
+        for rid, r in zip("bc", resp.results):
+            out[rid] += list(r.tokens)
+    assert out["b"] == greedy[1][:5] and out["c"] == greedy[2][:4]
+    assert resp.free_blocks == blocks.free_blocks
 
 
 def test_context_limit() -> None:
     """No room for the tree: a plain step; a full context: OUT_OF_RANGE."""
-    small = VerifierService(PATH, slots=1, max_context=16)
+    small = VerifierService(PATH, _config(1, max_model_len=16))
     ctx = tuple(range(100, 113))  # 13 tokens + 3 drafted + 1 > 16
     res = small.run_batch(_batch(_task("a", 0, ctx, TokenTree.chain([1, 2, 3])))).results[0]
     assert len(res.tokens) == 1 and res.num_accepted == 0
@@ -278,7 +345,8 @@ def test_drafter_and_verifier_services_reproduce_the_engine(
         sampling: SamplingParams) -> None:
     """Drafter service -> wire tree -> verifier service equals the in-process engine token for
     token (greedy: equals target-alone greedy; sampled: same seeds, same draws)."""
-    drafter = DrafterService("draft-code", DRAFT, slots=1)
+    drafter = DrafterService("draft-code", DRAFT, RunnerConfig(device="cpu", max_seqs=1,
+                                                               kv_cache_memory=8 << 20))
     got, accepted = _speculate(drafter, service, "spec", prompts[0], NEW, k, branching, sampling)
     want = engine.generate([GenerationRequest("spec", prompts[0], NEW, sampling, "draft-code", k,
                                               branching)])[0]

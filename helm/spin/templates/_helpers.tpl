@@ -184,6 +184,32 @@ Env of every SPIN container. dict "ctx" $ "service" <OTEL service name> "extra" 
 {{- end }}
 {{- end }}
 
+{{/*
+Model flags of a verifier or drafter container (args list items). dict "c" <role values>
+`slots` is the old name of maxSeqs and wins when set; null maxModelLen/kvCacheMemory pass no flag.
+*/}}
+{{- define "spin.modelArgs" -}}
+{{- $c := .c }}
+{{- $maxSeqs := $c.maxSeqs | default 64 }}
+{{- if $c.slots }}{{ $maxSeqs = $c.slots }}{{ end -}}
+- --device
+- {{ $c.device | default "auto" | quote }}
+- --dtype
+- {{ $c.dtype | default "auto" | quote }}
+- --max-seqs
+- {{ $maxSeqs | int | toString | quote }}
+- --gpu-memory-utilization
+- {{ (hasKey $c "gpuMemoryUtilization" | ternary $c.gpuMemoryUtilization 0.9) | toString | quote }}
+{{- with $c.kvCacheMemory }}
+- --kv-cache-memory
+- {{ . | quote }}
+{{- end }}
+{{- with $c.maxModelLen }}
+- --max-model-len
+- {{ . | int | toString | quote }}
+{{- end }}
+{{- end }}
+
 {{/* Probes of a SPIN container on its grpc port. dict "ctx" $ "port" <int> "startup" <startupProbe values> */}}
 {{- define "spin.probes" -}}
 {{- $p := .ctx.Values.probes }}

@@ -72,9 +72,9 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict:
     tok = AutoTokenizer.from_pretrained(fam / "target")
     names = family_members(fam)
     runner_slots = max(cfg.batches)
-    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=runner_slots)) for n in names}
+    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, max_seqs=runner_slots)) for n in names}
     drafters["prompt-lookup"] = PromptLookupDrafter()
-    engine = SpecEngine(Verifier(ModelRunner(fam / "target", num_slots=runner_slots)), drafters)
+    engine = SpecEngine(Verifier(ModelRunner(fam / "target", max_seqs=runner_slots)), drafters)
     hf_target = load_model(fam / "target")
     hf_drafts = {n: load_model(fam / n) for n in names}
     prompts = {d: _prompts(tok, fam, d, cfg) for d in cfg.domains}

@@ -348,20 +348,22 @@ def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
 def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) -> dict:
     """A verification batch of ``decoding`` requests scoring 5 tokens after ~300 of context plus
     one new request prefilling a 200-token prompt: one padded forward vs the decomposed ones."""
+    from ..engine.model_runner import RunnerConfig
     from ..policy.decompose import padded_fraction
     from ..v1 import token_tree_pb2, verifier_pb2
     from ..verifier.server import VerifierService
 
     out = {}
     for on in (False, True):
-        svc = VerifierService(cfg.family_dir / "target", slots=decoding + 2, decompose=on)
+        svc = VerifierService(cfg.family_dir / "target", RunnerConfig(max_seqs=decoding + 2),
+                              decompose=on)
         ctx = {f"d{i}": list(range(10 + i, 310 + i)) for i in range(decoding)}
         svc.run_batch(verifier_pb2.VerifyRequest(tasks=[
             verifier_pb2.VerifyTask(request_id=r, context_delta=c) for r, c in ctx.items()]))
         times = []
         for rep in range(reps + 1):
             tree = token_tree_pb2.TokenTree(tokens=[5, 6, 7, 8], parents=[-1, 0, 1, 2])
-            tasks = [verifier_pb2.VerifyTask(request_id=r, keep=len(svc.book._ctx[r]), tree=tree)
+            tasks = [verifier_pb2.VerifyTask(request_id=r, keep=svc.verifier.seqs.held(r), tree=tree)
                      for r in ctx]
             tasks.append(verifier_pb2.VerifyTask(request_id=f"new{rep}",
                                                  context_delta=list(range(40, 240))))

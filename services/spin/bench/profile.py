@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import AutoConfig
 
 from ..engine.drafter import DraftRequest, ModelDrafter
-from ..engine.model_runner import ForwardItem, ModelRunner
+from ..engine.kv_cache import BLOCK_SIZE
+from ..engine.memory import ModelShape, resolve_device, resolve_dtype
+from ..engine.model_runner import ForwardItem, ModelRunner, RunnerConfig
 from ..engine.quant import Quantization
 from ..policy.cost_model import CostModel, DraftSample, VerifySample, k_table
 from ..zoo.report import family_members
@@ -43,7 +46,13 @@ class ProfileConfig:
     draft_ks: tuple[int, ...] = (1, 2, 4, 8)
     reps: int = 5
     drafters: list[str] | None = None
-    """Draft models to profile (default: all in the family)."""
+    """Draft models of the family to profile (default: all in the family)."""
+    target: str | None = None
+    """The target's checkpoint (path or name); None: the family's."""
+    drafter_models: dict[str, str] | None = None
+    """Draft models to profile, name -> checkpoint (path or name); None: the family's."""
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """Device and dtype of the models, as the services run them (the cache is sized here)."""
     threads: int = 0
     """Torch threads while timing verification (0 = torch's default); give what the verifier gets
     in serving (``spin serve`` gives it 2)."""
@@ -74,22 +83,26 @@ def _median_time(fn, reps: int) -> float:
 def profile_verify(runner: ModelRunner, batches, tokens, contexts, reps: int,
                    bar: tqdm) -> list[VerifySample]:
     samples = []
+    blocks = runner.cache.blocks
     for ctx in contexts:
         for b in batches:
-            slots = [runner.cache.admit(f"profile-{i}") for i in range(b)]
+            if b * blocks.blocks_for(ctx + max(tokens)) > blocks.num_blocks:
+                bar.update(len(tokens))  # more than the cache holds at once
+                continue
+            seqs = [blocks.admit(f"profile-{i}") for i in range(b)]
             try:
                 prefix = tuple(range(3, 3 + ctx))
-                for s in slots:
+                for s in seqs:
                     runner.forward([ForwardItem(s, prefix)])
                     runner.cache.commit(s, ctx)
                 for n in tokens:
-                    items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in slots]
+                    items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in seqs]
                     secs = _median_time(lambda: runner.forward(items), reps)
                     samples.append(VerifySample(b, b * n, b * ctx, secs))
                     bar.update()
             finally:
-                for s in slots:
-                    runner.cache.free(s)
+                for s in seqs:
+                    blocks.free(s)
     return samples
 
 
@@ -103,10 +116,12 @@ def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps:
             contexts_ = [tuple(range(3 + i, 3 + i + ctx)) for i in range(b)]
             try:
                 for k in ks:
-                    reqs = [DraftRequest(rid, c, k) for rid, c in zip(ids, contexts_)]
-                    drafter.propose(reqs)  # prefill once; timed calls catch up one token
-                    step = [DraftRequest(rid, c + (7,), k) for rid, c in zip(ids, contexts_)]
-                    secs = _median_time(lambda: (drafter.propose(reqs), drafter.propose(step)),
+                    drafter.propose([DraftRequest(rid, c, k, keep=0)  # prefill once
+                                     for rid, c in zip(ids, contexts_)])
+                    # timed: the context as it is, then one more token (a catch-up of one)
+                    same = [DraftRequest(rid, (), k, keep=ctx) for rid in ids]
+                    step = [DraftRequest(rid, (7,), k, keep=ctx) for rid in ids]
+                    secs = _median_time(lambda: (drafter.propose(same), drafter.propose(step)),
                                         reps) / 2
                     samples.append(DraftSample(name, b, k, b * ctx, secs))
                     bar.update()
@@ -119,11 +134,22 @@ def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps:
 def run_profile(cfg: ProfileConfig) -> dict:
     batches, tokens, contexts, ks, reps = cfg.grid()
     fam = cfg.family_dir
-    names = cfg.drafters if cfg.drafters is not None else family_members(fam)
-    slots = max(batches)
-    target = ModelRunner(fam / "target", num_slots=slots)
-    drafters = {n: ModelDrafter(n, ModelRunner(fam / n, num_slots=slots,
-                                               quantize=cfg.drafter_quantize)) for n in names}
+    paths = cfg.drafter_models if cfg.drafter_models is not None else {
+        n: str(fam / n) for n in (cfg.drafters if cfg.drafters is not None else family_members(fam))}
+    names = sorted(paths)
+    # a cache that holds the largest batch at the longest context, whatever the default budget
+    room = max(batches) * (max(contexts) + max(max(tokens), max(ks)) + 2 * BLOCK_SIZE)
+
+    def runner(path: str, quantize: Quantization = "none") -> ModelRunner:
+        conf = AutoConfig.from_pretrained(path)
+        dtype = resolve_dtype(cfg.runner.dtype, resolve_device(cfg.runner.device),
+                              getattr(conf, "dtype", None))
+        shape = ModelShape.of(conf)
+        return replace(cfg.runner, max_seqs=max(batches), quantize=quantize,
+                       kv_cache_memory=room * shape.kv_bytes_per_token(dtype)).load(path)
+
+    target = runner(str(cfg.target or fam / "target"))
+    drafters = {n: ModelDrafter(n, runner(paths[n], cfg.drafter_quantize)) for n in names}
     total = len(contexts) * len(batches) * (len(tokens) + len(names) * len(ks))
     default_threads = torch.get_num_threads()
     try:
@@ -143,6 +169,8 @@ def run_profile(cfg: ProfileConfig) -> dict:
     raw["fit_mape"] = errors
     raw["drafter_quantize"] = cfg.drafter_quantize
     raw["threads"] = cfg.threads or default_threads
+    raw["models"] = {"target": str(cfg.target or fam / "target"), "drafters": paths,
+                     "device": cfg.runner.device, "dtype": cfg.runner.dtype}
     cfg.out.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     table = k_table(model, {n: 0.7 for n in names}, batches, max(ks), contexts[0])
     return {"out": str(cfg.out), "mape": errors, "verify_points": len(verify),

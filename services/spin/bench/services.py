@@ -85,8 +85,8 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
         if len(prompts) == cfg.prompts:
             break
     drafter = (PromptLookupDrafter() if cfg.drafter == "prompt-lookup"
-               else ModelDrafter(cfg.drafter, ModelRunner(fam / cfg.drafter, num_slots=2)))
-    engine = SpecEngine(Verifier(ModelRunner(fam / "target", num_slots=2)), {cfg.drafter: drafter})
+               else ModelDrafter(cfg.drafter, ModelRunner(fam / cfg.drafter, max_seqs=2)))
+    engine = SpecEngine(Verifier(ModelRunner(fam / "target", max_seqs=2)), {cfg.drafter: drafter})
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
     names = [] if cfg.drafter == "prompt-lookup" else [cfg.drafter]
     secs = {"inproc_on": 0.0, "inproc_off": 0.0, "rpc_on": 0.0, "rpc_off": 0.0}

@@ -19,13 +19,13 @@ from pathlib import Path
 import grpc
 
 from ..engine.drafter import DraftRequest, ModelDrafter
-from ..engine.model_runner import ModelRunner
-from ..engine.quant import Quantization
+from ..engine.model_runner import RunnerConfig, describe
 from ..engine.tree import TokenTree
+from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
 from ..rpc.batches import in_order
-from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_to_proto
+from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import drafter_pb2, drafter_pb2_grpc, model_info_pb2
 
@@ -35,20 +35,18 @@ log = logging.getLogger(__name__)
 class DrafterService(drafter_pb2_grpc.DrafterServicer):
     """A ``ModelDrafter`` with per-request contexts."""
 
-    def __init__(self, name: str, model_path: str | Path, slots: int = 64,
-                 max_context: int | None = None, quantize: Quantization = "none") -> None:
+    def __init__(self, name: str, model_path: str | Path,
+                 runner: RunnerConfig = RunnerConfig()) -> None:
         self.name = name
         self.model_path = str(model_path)
-        self.drafter = ModelDrafter(name, ModelRunner(model_path, num_slots=slots,
-                                                      max_len=max_context, quantize=quantize))
-        self.book = ContextBook()
+        self.tokenizer = load_identity(model_path)
+        limit = self.tokenizer.size if self.tokenizer is not None else None
+        self.drafter = ModelDrafter(name, runner.load(model_path, vocab_limit=limit))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
+        metrics.NUM_PREEMPTIONS.labels("drafter", name)  # exported at 0 from the start
 
     def info(self) -> model_info_pb2.ModelInfo:
-        runner = self.drafter.runner
-        return model_info_pb2.ModelInfo(name=self.name, model_path=self.model_path,
-                                        vocab_size=runner.vocab_size, max_context=runner.max_len,
-                                        max_requests=runner.cache.num_slots)
+        return model_info(self.name, self.model_path, self.drafter.runner, self.tokenizer)
 
     async def GetDrafterInfo(self, request, context) -> drafter_pb2.GetDrafterInfoResponse:
         return drafter_pb2.GetDrafterInfoResponse(info=self.info())
@@ -59,60 +57,60 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
             yield resp
 
     def run_batch(self, batch: drafter_pb2.SpeculateRequest) -> drafter_pb2.SpeculateResponse:
-        """Release, sync contexts, draft; one result per task, in task order."""
+        """Release, update contexts, draft; one result per task, in task order."""
         start, start_ns = time.perf_counter(), time.time_ns()
         for rid in batch.release:
-            self.book.release(rid)
             self.drafter.release(rid)
         results: list[drafter_pb2.DraftResult] = []
         work: list[tuple[int, DraftRequest]] = []
         scoring: list[tuple[int, DraftRequest, int]] = []
-        runner = self.drafter.runner
-        free = runner.cache.free_slots
+        seqs = self.drafter.seqs
+        free = self.drafter.runner.cache.blocks.free_seqs
         for task in batch.tasks:
             results.append(drafter_pb2.DraftResult(request_id=task.request_id))
-            ctx = self.book.apply(task.request_id, task.keep, task.context_delta)
-            if ctx is None:
+            new = task.request_id not in seqs
+            if not seqs.holds(task.request_id, task.keep) or (new and free == 0):
+                # not held, or no room to hold it (--max-seqs): the router sends it whole later
                 results[-1].resync = True
                 metrics.SERVICE_RESYNCS.labels("drafter", self.name).inc()
                 continue
+            free -= new
             try:
                 sampling = sampling_from_proto(task.sampling)
             except ValueError as e:
                 log.warning("%s: bad sampling parameters: %s", task.request_id, e)
                 continue
-            if not ctx or any(b <= 0 for b in task.branching):
+            if not (task.keep or task.context_delta) or any(b <= 0 for b in task.branching):
                 continue
             score = task.score and task.k <= 0  # a prefill that scores, no draft
-            k = task.k  # as deep as the cache has room for every node of the tree
-            while k > 0 and len(ctx) + _tree_size(tuple(task.branching), k) > runner.max_len:
-                k -= 1
-            if (k <= 0 and not score) or len(ctx) >= runner.max_len:
-                continue
-            if task.request_id not in self.drafter.slots:
-                if free == 0:  # no cache slot: nothing for this one this step
-                    continue
-                free -= 1
-            req = DraftRequest(task.request_id, ctx, k, tuple(task.branching), sampling,
-                               task.stop_below)
+            req = DraftRequest(task.request_id, task.context_delta, max(task.k, 0),
+                               tuple(task.branching), sampling, task.stop_below, task.keep)
             if score:
                 scoring.append((len(results) - 1, req, task.score_from))
             else:
                 work.append((len(results) - 1, req))
+        evictions = self.drafter.evictions
         scores = self.drafter.score([r for _, r, _ in scoring], [f for _, _, f in scoring])
         for (i, _, _), (matches, positions) in zip(scoring, scores):
             results[i].score_matches, results[i].score_positions = matches, positions
-        if work:
+        if work:  # k = 0 tasks only update the context
             trees: list[TokenTree] = self.drafter.propose([r for _, r in work])
             for (i, _), tree in zip(work, trees):
                 results[i].tree.CopyFrom(tree_to_proto(tree))
+        if self.drafter.evictions > evictions:
+            metrics.NUM_PREEMPTIONS.labels("drafter", self.name).inc(
+                self.drafter.evictions - evictions)
         seconds = time.perf_counter() - start
+        runner = self.drafter.runner
         metrics.observe_service_batch("drafter", self.name, seconds, len(batch.tasks),
-                                      1 - runner.cache.free_slots / runner.cache.num_slots)
+                                      runner.cache.usage)
         if tracing.enabled():
             self._trace(batch, results, start_ns, start_ns + int(seconds * 1e9))
+        blocks = runner.cache.blocks
         return drafter_pb2.SpeculateResponse(batch_id=batch.batch_id, results=results,
-                                              draft_seconds=seconds)
+                                              draft_seconds=seconds,
+                                              free_blocks=blocks.free_blocks,
+                                              num_blocks=blocks.num_blocks)
 
     def _trace(self, batch: drafter_pb2.SpeculateRequest, results: list[drafter_pb2.DraftResult],
                start_ns: int, end_ns: int) -> None:
@@ -127,20 +125,12 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
              for t, r in zip(batch.tasks, results) if t.traceparent))
 
 
-def _tree_size(branching: tuple[int, ...], k: int) -> int:
-    """Nodes of a tree k levels deep with ``branching[d]`` children per node at depth d."""
-    size, width = 0, 1
-    for d in range(k):
-        width *= branching[d] if d < len(branching) else 1
-        size += width
-    return size
-
-
-def run(model: str, name: str | None, cfg: ServerConfig, slots: int = 64,
-        quantize: Quantization = "none") -> None:
+def run(model: str, name: str | None, cfg: ServerConfig,
+        runner: RunnerConfig = RunnerConfig()) -> None:
     """Load the model, then serve until SIGTERM."""
     name = name or Path(model).name
-    service = DrafterService(name, model, slots=slots, quantize=quantize)
+    service = DrafterService(name, model, runner)
+    log.info("drafter %s %s", name, describe(service.drafter.runner))
     cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
     cfg.trace_service = f"spin-drafter-{name}"
     asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),

@@ -116,16 +116,21 @@ class SpecEngine:
                 t0 = time.perf_counter()
                 plan = {r.request_id: (choose(r, results[r.request_id]) if choose
                                        else (r.drafter, r.k, r.branching)) for r in active}
-                contexts = {r.request_id: r.prompt + tuple(results[r.request_id].tokens)
-                            for r in active}
-                trees = self._draft(active, results, plan, contexts)
+                trees = self._draft(active, results, plan)
                 t1 = time.perf_counter()
                 verdicts = self.verifier.verify([
-                    VerifyRequest(r.request_id, contexts[r.request_id], trees[r.request_id],
-                                  r.sampling) for r in active])
+                    # the verifier appends what it emits: after the first step it holds it all
+                    VerifyRequest(r.request_id, () if results[r.request_id].steps else r.prompt,
+                                  trees[r.request_id], r.sampling,
+                                  keep=len(r.prompt) + len(results[r.request_id].tokens)
+                                  if results[r.request_id].steps else 0)
+                    for r in active])
                 t2 = time.perf_counter()
                 still = []
                 for r, v in zip(active, verdicts):
+                    if v is None:  # preempted (the cache had no room): verified again next step
+                        still.append(r)
+                        continue
                     res = results[r.request_id]
                     res.steps += 1
                     res.drafted += len(trees[r.request_id])
@@ -146,17 +151,20 @@ class SpecEngine:
         return [results[r.request_id] for r in requests]
 
     def _draft(self, active: list[GenerationRequest], results: dict[str, GenerationResult],
-               plan: dict[str, Choice], contexts: dict[str, tuple[int, ...]]) -> dict[str, TokenTree]:
+               plan: dict[str, Choice]) -> dict[str, TokenTree]:
         trees = {r.request_id: TokenTree((), ()) for r in active}
         groups: dict[str, list[DraftRequest]] = {}
         for r in active:
             name, k, branching = plan[r.request_id]
-            room = r.max_tokens - len(results[r.request_id].tokens) - 1
+            out = results[r.request_id].tokens
+            room = r.max_tokens - len(out) - 1
             k = min(k, room)
             if name is None or k <= 0:
                 continue
-            groups.setdefault(name, []).append(DraftRequest(r.request_id, contexts[r.request_id], k,
-                                                            branching, r.sampling))
+            keep = self.drafters[name].held(r.request_id)
+            delta = r.prompt[keep:] + tuple(out[max(0, keep - len(r.prompt)):])
+            groups.setdefault(name, []).append(DraftRequest(r.request_id, delta, k, branching,
+                                                            r.sampling, keep=keep))
         for name, reqs in groups.items():
             for req, tree in zip(reqs, self.drafters[name].propose(reqs)):
                 trees[req.request_id] = tree

@@ -1,153 +1,162 @@
-"""Keys and values of every layer, in per-request slots that can roll back to any length.
+"""Keys and values of every layer in fixed-size blocks, under a memory budget.
 
-Layout per layer: [slots, kv_heads, max_len, head_dim]. A request owns one slot from admission to
-free. ``lengths[slot]`` is the committed context length; a forward may write entries past it (the
-drafted tokens being scored) and the caller then commits the accepted ones or rolls back. Tree
-verification accepts a path whose nodes need not be contiguous: ``compact`` moves their entries
-into place before committing.
+Layout per layer: [num_blocks, block_size, kv_heads, head_dim] (vLLM's layout), the blocks handed
+out by a ``BlockManager``. The number of blocks comes from a byte budget (``--kv-cache-memory``),
+never from a model's context: a request holds the blocks of the tokens it has.
+
+A forward (``model_runner.py``) writes its new tokens' keys and values at positions
+``lengths[seq] + i`` but does not commit them: the caller commits what verification accepted
+(``commit``, which gives back the blocks past the new length) or rolls back. Tree verification
+accepts a path whose nodes need not be contiguous: ``compact`` moves their entries into place.
+
+Attention reads a batch's keys as [B, KVH, Lk, hd]. One sequence whose blocks form one ascending
+run (the usual case for a request decoding alone: ``BlockManager.reserve`` takes the next block
+when it is free) is read as a view, without a copy; otherwise the blocks are gathered through the
+block tables (SDPA over gathered blocks; ``model_runner.py`` has the measurements behind the
+choice).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .sampling import seeded_generator
+from .block_manager import BlockManager, CacheFull
+
+__all__ = ["BlockManager", "CacheFull", "KVCache", "Paged"]
+
+BLOCK_SIZE = 16
+"""Tokens per block (vLLM's default)."""
 
 
-class CacheFull(RuntimeError):
-    """No free slot (the caller maps this to RESOURCE_EXHAUSTED)."""
+@dataclass(frozen=True)
+class Paged:
+    """Where one forward's new tokens are written and which cache entries its attention reads."""
+
+    lk: int
+    """Key positions read per item: max over items of context + new tokens."""
+    run: tuple[torch.Tensor, torch.Tensor, int] | None
+    """One sequence in one run of blocks: keys and values of its positions in every layer as
+    views [L, positions, KVH, hd], and the position of its first new token; writes and reads
+    are views. None: the indexed path below."""
+    write_block: torch.Tensor | None = None
+    """[T] block of each valid new token (items' tokens in order, padding skipped)."""
+    write_offset: torch.Tensor | None = None
+    """[T] offset in that block."""
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None
+    """([T], [T]) item and token index of each valid new token in the padded [B, Lq] batch."""
+    table: torch.Tensor | None = None
+    """[B, blocks_for(lk)] block table of each item (padded with block 0: masked positions)."""
 
 
 class KVCache:
-    """Per-request key/value slots for ``num_layers`` layers."""
+    """A pool of KV blocks for ``num_layers`` layers and the bookkeeping of its sequences."""
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32,
+    def __init__(self, num_layers: int, num_blocks: int, kv_heads: int, head_dim: int,
+                 max_seqs: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
-        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
-        self.lengths: list[int] = [0] * num_slots
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))
-        self._owner: dict[int, str] = {}
+        shape = (num_layers, num_blocks, block_size, kv_heads, head_dim)
+        # empty, not zeros: a block is zeroed when first taken (``reserve``), so on CPU the
+        # budget becomes resident as it is used, not all at start
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.blocks = BlockManager(num_blocks, block_size, max_seqs)
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self._zeroed = bytearray(num_blocks)  # blocks ever written: nothing uninitialised is read
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Keys and values of one token position in every layer."""
+        return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
-    def num_slots(self) -> int:
-        return len(self.lengths)
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
 
     @property
-    def free_slots(self) -> int:
-        return len(self._free)
+    def lengths(self) -> list[int]:
+        return self.blocks.lengths
 
-    def owner(self, slot: int) -> str | None:
-        return self._owner.get(slot)
+    @property
+    def usage(self) -> float:
+        """Share of the blocks in use (``spin:kv_cache_usage_perc``)."""
+        return self.blocks.used_blocks / self.blocks.num_blocks
 
-    def admit(self, request_id: str) -> int:
-        """A free slot for ``request_id``, empty (length 0)."""
-        if not self._free:
-            raise CacheFull(f"all {self.num_slots} cache slots are in use")
-        slot = self._free.pop()
-        self._owner[slot] = request_id
-        self.lengths[slot] = 0
-        return slot
+    def reserve(self, seq: int, tokens: int) -> None:
+        """Blocks for ``tokens`` positions of ``seq`` (``CacheFull`` when too few are free)."""
+        new = [b for b in self.blocks.reserve(seq, tokens) if not self._zeroed[b]]
+        if new:
+            idx = torch.tensor(new, device=self.device)
+            self.k[:, idx] = 0
+            self.v[:, idx] = 0
+            for b in new:
+                self._zeroed[b] = 1
 
-    def free(self, slot: int) -> None:
-        """Give a slot back (finished or cancelled request). Freeing twice is an error."""
-        if slot not in self._owner:
-            raise KeyError(f"slot {slot} is not in use")
-        del self._owner[slot]
-        self.lengths[slot] = 0
-        self._free.append(slot)
+    def commit(self, seq: int, length: int) -> None:
+        self.blocks.commit(seq, length)
 
-    def _check(self, slot: int) -> None:
-        if slot not in self._owner:
-            raise KeyError(f"slot {slot} is not in use")
+    def rollback(self, seq: int, length: int) -> None:
+        self.blocks.rollback(seq, length)
 
-    def commit(self, slot: int, length: int) -> None:
-        """Set the committed length after a forward wrote entries up to ``length``."""
-        self._check(slot)
-        if not 0 <= length <= self.max_len:
-            raise ValueError(f"length {length} outside 0..{self.max_len}")
-        self.lengths[slot] = length
+    # ---- a forward's view ------------------------------------------------------------------------
+    def locate(self, seqs: list[int], sizes: list[int], lq: int) -> Paged:
+        """The ``Paged`` of a forward whose item i feeds ``sizes[i]`` new tokens to sequence
+        ``seqs[i]`` (blocks already reserved), padded to ``lq``."""
+        bs, lengths, tables = self.block_size, self.blocks.lengths, self.blocks.tables
+        lk = max(lengths[s] + n for s, n in zip(seqs, sizes))
+        width = -(-lk // bs)
+        if len(seqs) == 1 and (first := self.blocks.contiguous(seqs[0])) is not None:
+            span = slice(first, first + width)
+            return Paged(lk, (self.k[:, span].flatten(1, 2), self.v[:, span].flatten(1, 2),
+                              lengths[seqs[0]]))
+        blocks, offsets, items, cols = [], [], [], []
+        for i, (s, n) in enumerate(zip(seqs, sizes)):
+            table, start = tables[s], lengths[s]
+            for j in range(n):
+                pos = start + j
+                blocks.append(table[pos // bs])
+                offsets.append(pos % bs)
+            items.extend([i] * n)
+            cols.extend(range(n))
+        dev = self.device
+        table = torch.tensor([tables[s][:width] + [0] * (width - len(tables[s][:width]))
+                              for s in seqs], device=dev)                             # [B, MB]
+        return Paged(lk, None, torch.tensor(blocks, device=dev), torch.tensor(offsets, device=dev),
+                     (torch.tensor(items, device=dev), torch.tensor(cols, device=dev)), table)
 
-    def rollback(self, slot: int, length: int) -> None:
-        """Forget everything after the first ``length`` tokens."""
-        self._check(slot)
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot roll slot {slot} back to {length}: it holds "
-                             f"{self.lengths[slot]} tokens")
-        self.lengths[slot] = length
+    def write(self, layer: int, paged: Paged, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new keys and values, k and v [B, Lq, KVH, hd]."""
+        if paged.run is not None:
+            keys, values, start = paged.run
+            keys[layer, start:start + k.shape[1]] = k[0]
+            values[layer, start:start + k.shape[1]] = v[0]
+            return
+        ck, cv = self.k[layer], self.v[layer]                                       # [NB, BS, KVH, hd]
+        vb, vi = paged.rows
+        ck[paged.write_block, paged.write_offset] = k[vb, vi]
+        cv[paged.write_block, paged.write_offset] = v[vb, vi]
 
-    def compact(self, slot: int, positions: list[int], start: int) -> None:
+    def read(self, layer: int, paged: Paged) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of every item's first ``lk`` positions, [B, KVH, Lk, hd] each."""
+        if paged.run is not None:
+            keys = paged.run[0][layer, None, :paged.lk]                               # [1, Lk, KVH, hd]
+            values = paged.run[1][layer, None, :paged.lk]
+        else:
+            keys = self.k[layer][paged.table].flatten(1, 2)[:, :paged.lk]             # [B, Lk, KVH, hd]
+            values = self.v[layer][paged.table].flatten(1, 2)[:, :paged.lk]
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+    def compact(self, seq: int, positions: list[int], start: int) -> None:
         """Copy the entries at ``positions`` to ``start, start + 1, ...`` (all layers)."""
-        self._check(slot)
         if not positions or positions == list(range(start, start + len(positions))):
             return
-        src = torch.tensor(positions, device=self.k.device)
-        dst = slice(start, start + len(positions))
-        self.k[:, slot, :, dst] = self.k[:, slot, :, src]
-        self.v[:, slot, :, dst] = self.v[:, slot, :, src]
-
-
-class RequestSlots:
-    """Per-request state of one model: its cache slot, the tokens that slot holds keys and values
-    for, and the request's random generator on this model (seeded from the request's seed plus a
-    per-model offset, so drafter and verifier draw independent streams)."""
-
-    def __init__(self, cache: KVCache, seed_offset: int = 0) -> None:
-        self.cache = cache
-        self.seed_offset = seed_offset
-        self._slot: dict[str, int] = {}
-        self._tokens: dict[str, list[int]] = {}
-        self._gens: dict[str, torch.Generator] = {}
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._slot
-
-    def __len__(self) -> int:
-        return len(self._slot)
-
-    def slot(self, request_id: str) -> int:
-        return self._slot[request_id]
-
-    def generator(self, request_id: str) -> torch.Generator:
-        return self._gens[request_id]
-
-    def sync(self, request_id: str, context: tuple[int, ...] | list[int],
-             seed: int | None = None) -> tuple[int, int]:
-        """Make the slot hold a prefix of ``context``; return (slot, length of that prefix).
-
-        A new request is admitted (``CacheFull`` when none is free) and gets its generator,
-        seeded from ``seed`` (None: from the OS). The prefix is the longest one
-        shared with what the slot holds, and always leaves at least the last context token to feed
-        (its logits are what the next step needs). The caller feeds ``context[prefix:]``.
-        """
-        if request_id not in self._slot:
-            self._slot[request_id] = self.cache.admit(request_id)
-            self._tokens[request_id] = []
-            self._gens[request_id] = seeded_generator(
-                None if seed is None else seed + self.seed_offset, self.cache.k.device)
-        slot, held = self._slot[request_id], self._tokens[request_id]
-        limit = min(len(held), len(context) - 1, self.cache.lengths[slot])
-        common = limit if held[:limit] == list(context[:limit]) else 0  # the usual case, at C speed
-        while common < limit and held[common] == context[common]:
-            common += 1
-        self.cache.rollback(slot, common)
-        return slot, common
-
-    def held(self, request_id: str) -> int:
-        """How many tokens the request's slot holds (0 for an unknown request)."""
-        return len(self._tokens.get(request_id, ()))
-
-    def hold(self, request_id: str, tokens: list[int]) -> None:
-        """Record the tokens the slot now holds (after the caller committed them)."""
-        self._tokens[request_id] = tokens
-
-    def release(self, request_id: str) -> None:
-        """Free the request's slot; unknown ids are ignored (release is idempotent)."""
-        slot = self._slot.pop(request_id, None)
-        self._tokens.pop(request_id, None)
-        self._gens.pop(request_id, None)
-        if slot is not None:
-            self.cache.free(slot)
+        bs, table = self.block_size, self.blocks.tables[seq]
+        dst = range(start, start + len(positions))
+        sb = torch.tensor([table[p // bs] for p in positions], device=self.device)
+        so = torch.tensor([p % bs for p in positions], device=self.device)
+        db = torch.tensor([table[p // bs] for p in dst], device=self.device)
+        do = torch.tensor([p % bs for p in dst], device=self.device)
+        self.k[:, db, do] = self.k[:, sb, so]
+        self.v[:, db, do] = self.v[:, sb, so]

@@ -1,15 +1,25 @@
-"""Our own forward for Llama-architecture checkpoints (Llama, Qwen2, Mistral) over a slot KV cache.
+"""Our own forward for Llama-architecture checkpoints (Llama, Qwen2, Mistral) over a paged KV cache.
 
-One call scores a *ragged* batch: each item is a request (its cache slot) with any number of new
-tokens — a prompt to prefill, one token to decode, or a drafted token tree — laid out as a padded
-[B, Lq] block with per-item context lengths. Every new token attends to its request's committed
-context and, among the new tokens, to its tree ancestors and itself (a chain is the tree where each
-token's parent is the one before). Weights, rotary embedding and config come from the transformers
-checkpoint; the arithmetic is a plain re-statement of ``LlamaForCausalLM.forward`` (checked to
-1e-4 in fp32 by the tests) with no per-request Python loop inside the model.
+One call scores a *ragged* batch: each item is a request (its cache sequence) with any number of
+new tokens — a prompt to prefill, one token to decode, or a drafted token tree — laid out as a
+padded [B, Lq] block with per-item context lengths. Every new token attends to its request's
+committed context and, among the new tokens, to its tree ancestors and itself (a chain is the tree
+where each token's parent is the one before). Weights, rotary embedding and config come from the
+transformers checkpoint; the arithmetic is a plain re-statement of ``LlamaForCausalLM.forward``
+(checked to 1e-4 in fp32 by the tests) with no per-request Python loop inside the model.
 
-The forward writes the new tokens' keys and values at ``lengths[slot] + i`` but does not commit
-them: the caller commits what verification accepted (``KVCache.commit`` / ``compact``).
+The forward takes the blocks its new tokens need (``KVCache.reserve``: ``CacheFull`` before any
+work when too few are free), writes their keys and values at ``lengths[seq] + i`` but does not
+commit them: the caller commits what verification accepted (``KVCache.commit`` / ``compact``).
+
+Device and dtype: every tensor lives on the runner's device; index tensors are built on the host
+and copied over once per forward, and nothing in the forward reads a device value back (the
+caller copies its results to the host once per batch step).
+
+Attention over the paged cache is SDPA over the gathered blocks (a view when a request's blocks
+are one run). Measured against FlexAttention on this project's CPU (2 cores, torch 2.13, demo
+target, batch 8 x 1 new token over 300-token contexts): see ``docs`` in ``kv_cache.py`` and the
+numbers in the README's KV cache section.
 """
 
 from __future__ import annotations
@@ -19,9 +29,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from .kv_cache import KVCache
+from .kv_cache import BLOCK_SIZE, CacheFull, KVCache, Paged
+from .memory import ModelShape, kv_budget, resolve_device, resolve_dtype
 from .quant import Int8Linear, Quantization, linear
 
 SUPPORTED = ("llama", "qwen2", "mistral")
@@ -31,9 +42,9 @@ SUPPORTED = ("llama", "qwen2", "mistral")
 class ForwardItem:
     """New tokens of one request to run through the model."""
 
-    slot: int
-    """The request's KV cache slot."""
-    tokens: tuple[int, ...]
+    seq: int
+    """The request's KV cache sequence."""
+    tokens: tuple[int, ...] | list[int]
     """Token ids, parents before children."""
     parents: tuple[int, ...] | None = None
     """Tree parent index per token (-1 = follows the context); None = a chain."""
@@ -52,39 +63,76 @@ class _Layer:
     mlp_norm: torch.Tensor         # [D]
 
 
+@dataclass
+class RunnerConfig:
+    """How a service loads its model and sizes its KV cache (the model flags of ``spin
+    verifier``, ``spin drafter`` and ``spin serve``)."""
+
+    device: str = "auto"
+    """auto (CUDA when present), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """auto (float32 on the CPU, the checkpoint's dtype on CUDA), float32, bfloat16, float16."""
+    kv_cache_memory: int | None = None
+    """KV cache budget in bytes; None: ``memory.CPU_KV_CACHE_DEFAULT`` on the CPU, the share
+    ``gpu_memory_utilization`` of the GPU less weights and activations on CUDA."""
+    gpu_memory_utilization: float = 0.9
+    """Share of the GPU's memory this process may use (CUDA, without ``kv_cache_memory``)."""
+    max_model_len: int | None = None
+    """Longest request (prompt + output); None: the model's context, or what the cache holds."""
+    max_seqs: int = 64
+    """Requests held at once (their contexts and block tables; not a memory reservation)."""
+    block_size: int = BLOCK_SIZE
+    """Tokens per KV cache block."""
+    quantize: Quantization = "none"
+    """int8: int8 linear weights (draft models on the CPU, ``quant.py``)."""
+
+    def load(self, path: str | Path, vocab_limit: int | None = None) -> ModelRunner:
+        return ModelRunner(path, self.max_seqs, self.max_model_len, self.device, self.dtype,
+                           self.kv_cache_memory, self.gpu_memory_utilization, self.block_size,
+                           self.quantize, vocab_limit)
+
+
 class ModelRunner:
     """A loaded model and its KV cache."""
 
-    def __init__(self, path: str | Path, num_slots: int = 16, max_len: int | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 quantize: Quantization = "none") -> None:
-        """``quantize="int8"``: int8 linear weights (``quant.py``; draft models only, CPU and
-        fp32 activations)."""
+    def __init__(self, path: str | Path, max_seqs: int = 64, max_model_len: int | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype | str = "auto",
+                 kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+                 block_size: int = BLOCK_SIZE, quantize: Quantization = "none",
+                 vocab_limit: int | None = None) -> None:
+        """``device``/``dtype``: as ``memory.resolve_device``/``resolve_dtype`` take them.
+        ``kv_cache_bytes``/``gpu_memory_utilization``/``max_model_len``: the cache's budget and
+        the longest request (``memory.kv_budget``). ``quantize="int8"``: int8 linear weights
+        (``quant.py``; draft models only, CPU and fp32 activations). ``vocab_limit``: score only
+        token ids below it (a drafter whose embedding is padded past the tokenizer's tokens,
+        or past the target's rows, never drafts an id the target cannot score)."""
         if quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
-        if quantize == "int8" and (torch.device(device).type != "cpu" or dtype != torch.float32):
-            raise ValueError("int8 weights need device='cpu' and dtype=float32")
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        cfg = hf.config
+        self.device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+        cfg = AutoConfig.from_pretrained(path)
         if cfg.model_type not in SUPPORTED:
             raise ValueError(f"{path}: model type {cfg.model_type!r} is not supported "
                              f"(expected one of {SUPPORTED})")
-        window = getattr(cfg, "sliding_window", None)
-        self.max_len = max_len or cfg.max_position_embeddings
-        if window and getattr(cfg, "use_sliding_window", True) and window < self.max_len:
-            raise ValueError(f"{path}: sliding-window attention ({window}) shorter than the "
-                             f"context ({self.max_len}) is not supported")
-        self.config = cfg
-        self.device = torch.device(device)
+        if isinstance(dtype, str):
+            dtype = resolve_dtype(dtype, self.device, getattr(cfg, "dtype", None))
+        self.dtype = dtype
+        if quantize == "int8" and (self.device.type != "cpu" or dtype != torch.float32):
+            raise ValueError("int8 weights need device='cpu' and dtype=float32")
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        self.config = cfg = hf.config
         self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        shape = ModelShape.of(cfg)
+        self.kv_heads, self.head_dim = shape.kv_heads, shape.head_dim
         self.eps = cfg.rms_norm_eps
         self.vocab_size = cfg.vocab_size
+        """Rows of the output layer (the target's distributions have this many columns)."""
         base = hf.model
         self.embed = base.embed_tokens.weight
         self.norm = base.norm.weight
-        self.lm_head: torch.Tensor | Int8Linear = hf.lm_head.weight                 # [V, D]
+        limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
+        self.lm_head: torch.Tensor | Int8Linear = hf.lm_head.weight[:limit]          # [V', D]
+        self.vocab_limit = limit
+        """Columns of this model's logits: ids at or past it are never scored."""
         self.rotary = base.rotary_emb
         self.layers = [self._layer(layer) for layer in base.layers]
         if quantize == "int8":
@@ -92,9 +140,42 @@ class ModelRunner:
             self.layers = [_Layer(Int8Linear(w.qkv, w.qkv_bias), None, Int8Linear(w.o),
                                   Int8Linear(w.gate_up), Int8Linear(w.down), w.attn_norm,
                                   w.mlp_norm) for w in self.layers]
-        self._iota = torch.arange(self.max_len + 1, device=self.device)  # sliced, never rebuilt
-        self.cache = KVCache(len(self.layers), num_slots, self.kv_heads, self.max_len,
-                             self.head_dim, dtype, device)
+        self.weight_bytes = sum(t.untyped_storage().nbytes() for t in {
+            t.untyped_storage().data_ptr(): t for t in self._weights()}.values())
+        """Bytes of the weights (a tied embedding and output layer count once)."""
+        budget = kv_budget(shape, dtype, self.device, block_size, kv_cache_bytes,
+                           self.weight_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=max_model_len)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True) and window < budget.max_model_len:
+            raise ValueError(f"{path}: sliding-window attention ({window}) shorter than the "
+                             f"context ({budget.max_model_len}) is not supported; pass "
+                             f"--max-model-len {window} or less")
+        self.max_len = budget.max_model_len
+        """Longest context (prompt + generated tokens) of one request."""
+        self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
+                             max_seqs, block_size, dtype, self.device)
+        self.batch_invariant = self.device.type == "cpu" and dtype in (torch.bfloat16,
+                                                                       torch.float16)
+        """Half precision on the CPU: every request's output independent of its batch, as a
+        request decoding alone would compute it. oneDNN's bf16 matmuls round a row differently
+        with the number of rows (measured: K = 704, rows 25 of 36 and 3 of 80 differ by one
+        ulp), so the linear layers run on ATen's own kernels (each output a float32 dot product
+        in one order; about 9x slower than oneDNN's bf16 and 2.4x slower than fp32 at
+        256 x 32768, which is why it is not the CPU's default dtype), and attention in float64
+        (``_attend``)."""
+        self._iota = torch.arange(0, device=self.device)
+
+    def _weights(self) -> list[torch.Tensor]:
+        """The tensors this runner computes with (as loaded; int8 layers count their packing
+        as nothing: ``weight_bytes`` is then an upper bound)."""
+        out = [self.embed, self.norm]
+        if isinstance(self.lm_head, torch.Tensor):
+            out.append(self.lm_head)
+        for w in self.layers:
+            out += [t for t in (w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.attn_norm,
+                                w.mlp_norm) if isinstance(t, torch.Tensor)]
+        return out
 
     @staticmethod
     def _layer(layer: torch.nn.Module) -> _Layer:
@@ -118,34 +199,48 @@ class ModelRunner:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _layout(self, items: list[ForwardItem]) -> tuple[dict[str, torch.Tensor], int]:
+    def iota(self, n: int) -> torch.Tensor:
+        """0 .. n-1 on the device (a slice of one tensor, grown by doubling)."""
+        if len(self._iota) < n:
+            self._iota = torch.arange(max(n, 2 * len(self._iota)), device=self.device)
+        return self._iota[:n]
+
+    def reserve(self, items: list[ForwardItem]) -> None:
+        """The blocks every item's new tokens need (``CacheFull``, taking none, when too few are
+        free)."""
+        blocks, lengths = self.cache.blocks, self.cache.lengths
+        need = sum(blocks.needed(it.seq, lengths[it.seq] + len(it.tokens)) for it in items)
+        if need > blocks.free_blocks:
+            raise CacheFull(f"the batch needs {need} more KV blocks, {blocks.free_blocks} are free")
+        for it in items:
+            self.cache.reserve(it.seq, lengths[it.seq] + len(it.tokens))
+
+    def _layout(self, items: list[ForwardItem], lk: int) -> dict[str, torch.Tensor | None]:
         """Padded index tensors of a ragged batch (shapes in comments)."""
         b = len(items)
         sizes = [len(it.tokens) for it in items]
         lq = max(sizes)
-        ctx_list = [self.cache.lengths[it.slot] for it in items]
-        lk = max(c + n for c, n in zip(ctx_list, sizes))
         if lk > self.max_len:
             raise ValueError(f"context would exceed {self.max_len} tokens")
-        dev, iota = self.device, self._iota
+        dev, iota = self.device, self.iota(lk + 1)
         pad = [lq - n for n in sizes]
         tokens = torch.tensor([list(it.tokens) + [0] * p for it, p in zip(items, pad)],
                               device=dev)                                             # [B, Lq]
-        ctx = torch.tensor(ctx_list, device=dev)                                      # [B]
+        ctx = torch.tensor([self.cache.lengths[it.seq] for it in items], device=dev)  # [B]
         n = torch.tensor(sizes, device=dev)                                           # [B]
         valid = iota[None, :lq] < n[:, None]                                          # [B, Lq]
         chains = all(it.parents is None for it in items)
         if chains:  # causal mask, depth = index + 1
             depth = iota[None, 1:lq + 1].expand(b, lq)
-        else:
+        else:  # ancestors on the host (a loop over depths), then one copy
             parents = torch.tensor([list(it.parents if it.parents is not None
                                          else range(-1, len(it.tokens) - 1)) + [-1] * p
-                                    for it, p in zip(items, pad)], device=dev)        # [B, Lq]
-            anc, depth = _ancestors(parents)
+                                    for it, p in zip(items, pad)])                    # [B, Lq]
+            anc, depth = (t.to(dev) for t in _ancestors(parents))
         positions = ctx[:, None] + depth - 1                                          # [B, Lq]
-        out = {"tokens": tokens, "valid": valid, "positions": positions, "ctx": ctx, "mask": None}
+        out = {"tokens": tokens, "valid": valid, "positions": positions, "mask": None}
         if lq == 1 and b == 1:  # one new token sees the whole context: no mask needed
-            return out, lk
+            return out
         rel = iota[None, None, :lk] - ctx[:, None, None]                              # [B, 1, Lk]
         if chains:
             tree_part = (rel <= iota[None, :lq, None]) & (rel < n[:, None, None])     # [B, Lq, Lk]
@@ -155,47 +250,78 @@ class ModelRunner:
         mask = (rel < 0) | tree_part
         mask = mask | (~valid[:, :, None] & (iota[:lk] == 0))                         # pad rows
         out["mask"] = mask[:, None]                                                   # [B, 1, Lq, Lk]
-        return out, lk
+        return out
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q [B, H, Lq, hd] over keys/values [B, KVH, Lk, hd] -> [B, H, Lq, hd].
+
+        SDPA, except with ``batch_invariant``: the arithmetic in float64, then rounded to the
+        model's dtype. A bf16 SDPA over keys masked past a row's context (a batch padded to its
+        longest request, or a prefill's later tokens) rounds differently from one over exactly
+        that row's keys (one ulp, often: measured on CPU, in fp32 too at 1e-7); with a 150k
+        vocabulary one ulp flips a greedy argmax often enough that a request's output would
+        depend on what shares its batch. In float64 the masked keys add exact zeros and the
+        rounding to bf16 no longer depends on them (0 differing outputs in 200 random shapes,
+        where float32 math gave 36)."""
+        if not self.batch_invariant:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                  enable_gqa=self.kv_heads != self.heads)
+        rep = self.heads // self.kv_heads
+        k = keys.double().repeat_interleave(rep, 1)                                   # [B, H, Lk, hd]
+        v = values.double().repeat_interleave(rep, 1)
+        scores = (q.double() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5             # [B, H, Lq, Lk]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (torch.softmax(scores, -1) @ v).to(q.dtype)
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem], last_only: bool = False) -> torch.Tensor:
-        """Logits [B, Lq, V] of every new token (rows past an item's length are padding), or with
-        ``last_only`` [B, 1, V] of each item's last token (all a chain drafter needs)."""
-        lay, lk = self._layout(items)
+    def forward(self, items: list[ForwardItem], last_only: bool = False,
+                logits_from: list[int] | None = None) -> torch.Tensor:
+        """Logits of the new tokens: [B, Lq, V'] of every new token (rows past an item's length
+        are padding); with ``logits_from`` [B, Lr, V'] of item i's tokens from index
+        ``logits_from[i]`` on (row j = token ``logits_from[i] + j``; a prefill's verification
+        needs only its last token's row, and an output layer over a 150k vocabulary costs more
+        than the rest of a small model); with ``last_only`` [B, 1, V'] of each item's last token
+        (all a chain drafter needs). V' = ``vocab_limit``."""
+        self.reserve(items)
+        sizes = [len(it.tokens) for it in items]
+        paged = self.cache.locate([it.seq for it in items], sizes, max(sizes))
+        lay = self._layout(items, paged.lk)
+        if not self.batch_invariant:
+            return self._compute(lay, paged, sizes, last_only, logits_from)
+        was = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)  # ATen's own matmuls (see batch_invariant)
+        try:
+            return self._compute(lay, paged, sizes, last_only, logits_from)
+        finally:
+            torch._C._set_mkldnn_enabled(was)
+
+    def _compute(self, lay: dict[str, torch.Tensor | None], paged: Paged, sizes: list[int],
+                 last_only: bool, logits_from: list[int] | None) -> torch.Tensor:
         b, lq = lay["tokens"].shape
-        single = b == 1  # one request: its cache rows are a view, its writes a slice
-        slot0, start = items[0].slot, self.cache.lengths[items[0].slot]
-        if not single:
-            slots = torch.tensor([it.slot for it in items], device=self.device)       # [B]
-            write_pos = lay["ctx"][:, None] + self._iota[None, :lq]                   # [B, Lq]
-            vb, vi = lay["valid"].nonzero(as_tuple=True)                              # [T], [T]
-            w_slot, w_pos = slots[vb], write_pos[vb, vi]                              # [T], [T]
         x = F.embedding(lay["tokens"], self.embed)                                    # [B, Lq, D]
         cos, sin = self.rotary(x, lay["positions"])                                   # [B, Lq, hd]
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, :, None], sin[:, :, None]                                   # [B, Lq, 1, hd]
         for li, w in enumerate(self.layers):
             h = self._rms(x, w.attn_norm)
-            qkv = linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim).transpose(1, 2)
-            q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)     # [B, *, Lq, hd]
+            qkv = linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim)
+            q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=2)     # [B, Lq, *, hd]
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            ck, cv = self.cache.k[li], self.cache.v[li]                               # [S, KVH, L, hd]
-            if single:
-                ck[slot0, :, start:start + lq] = k[0]
-                cv[slot0, :, start:start + lq] = v[0]
-                keys, values = ck[slot0:slot0 + 1, :, :lk], cv[slot0:slot0 + 1, :, :lk]
-            else:
-                ck[w_slot, :, w_pos] = k[vb, :, vi]
-                cv[w_slot, :, w_pos] = v[vb, :, vi]
-                keys, values = ck[slots, :, :lk], cv[slots, :, :lk]                   # [B, KVH, Lk, hd]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=lay["mask"],
-                                                  enable_gqa=self.kv_heads != self.heads)
+            self.cache.write(li, paged, k, v)
+            keys, values = self.cache.read(li, paged)                                 # [B, KVH, Lk, hd]
+            attn = self._attend(q.transpose(1, 2), keys, values, lay["mask"])
             x = x + linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
             gate, up = linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, w.down)
         if last_only:
-            last = torch.tensor([len(it.tokens) - 1 for it in items], device=self.device)
-            x = x[torch.arange(b, device=self.device), last][:, None]                 # [B, 1, D]
-        return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lq, V]
+            logits_from = [n - 1 for n in sizes]
+        if logits_from is not None and any(logits_from):
+            lr = max(n - f for n, f in zip(sizes, logits_from))
+            rows = torch.tensor([[min(f + j, n - 1) for j in range(lr)]
+                                 for n, f in zip(sizes, logits_from)], device=self.device)  # [B, Lr]
+            x = x.gather(1, rows[:, :, None].expand(b, lr, x.shape[-1]))               # [B, Lr, D]
+        return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lr, V']
 
 
 def _ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,3 +339,15 @@ def _ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         depth += (par >= 0).long()
         cur = par
     return anc, depth
+
+
+def describe(runner: ModelRunner) -> str:
+    """One line on where a runner runs and what its cache holds (logged at start)."""
+    from .memory import format_size
+
+    blocks = runner.cache.blocks
+    return (f"on {runner.device} in {str(runner.dtype).removeprefix('torch.')}: weights "
+            f"{format_size(runner.weight_bytes)}, KV cache {format_size(runner.cache.nbytes)} = "
+            f"{blocks.num_blocks} blocks of {blocks.block_size} tokens "
+            f"({blocks.capacity_tokens} tokens), max model len {runner.max_len}, "
+            f"up to {blocks.max_seqs} requests")

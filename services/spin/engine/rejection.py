@@ -14,7 +14,16 @@ rejection r <- norm(max(0, r - q)). When every child is rejected the level emits
 leaf emits a sample of the target row after it. This keeps the target distribution exactly when the
 children of a node are independent draws from q. Tokens chosen deterministically (argmax, top-b,
 prompt lookup) are verified as one-hot drafts, q = delta(x): acceptance probability r(x), and a
-rejection removes x from r — also exact.
+rejection removes x from r — also exact (for any draft token independent of the target's draws,
+so a draft drawn from a distribution the verifier does not see is exact as a one-hot draft too).
+
+Each request draws a fixed number of uniforms from its own generator per step (one per
+(level, child slot) and one for the emitted sample, drawn by inverting the CDF), so a seeded
+request draws the same numbers whatever shares its batch. On an accelerator the walk runs on the
+device without reading a value back (``stochastic_path``: a fixed loop over the tree's levels and
+a node's children, with masks); on the CPU, where there is nothing to wait for, the same walk
+runs with Python control flow (``_walk_host``: a few tensor ops per child instead of a dozen).
+``verify_batch`` decides a whole batch and copies the decisions to the host once.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
 
 
@@ -40,9 +51,8 @@ class Verdict:
         return len(self.accepted)
 
 
-def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> Verdict:
-    """target_logits: [N + 1, V] (rows as in the module docstring)."""
-    argmax = target_logits.argmax(-1).tolist()  # [N + 1]
+def walk_greedy(tree: TokenTree, argmax: list[int]) -> Verdict:
+    """argmax: the target's argmax of each row, [N + 1] (rows as in the module docstring)."""
     accepted: list[int] = []
     node, row = -1, 0
     while True:
@@ -55,37 +65,177 @@ def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> Verdict:
         node, row = nxt, nxt + 1
 
 
+def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> Verdict:
+    """target_logits: [N + 1, V] (rows as in the module docstring)."""
+    return walk_greedy(tree, target_logits.argmax(-1).tolist())
+
+
+def _children_table(tree: TokenTree) -> tuple[list[list[int]], int, int]:
+    """Children of the root (row 0) and of every node (row i + 1), padded with -1 to the widest;
+    the width and the depth of the tree."""
+    kids: list[list[int]] = [[] for _ in range(len(tree) + 1)]
+    for i, p in enumerate(tree.parents):
+        kids[p + 1].append(i)
+    width = max(1, max(len(k) for k in kids))
+    depth = max(tree.depths(), default=0)
+    return [k + [-1] * (width - len(k)) for k in kids], width, depth
+
+
+def _sample(row: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """A token of the distribution ``row`` [V] (normalised or not) from one uniform ``u`` []."""
+    cdf = row.cumsum(-1)                                                                # [V]
+    return torch.searchsorted(cdf, (u * cdf[-1])[None], right=True)[0].clamp(max=row.shape[-1] - 1)
+
+
+def stochastic_path(tree: TokenTree, target_probs: torch.Tensor, uniforms: torch.Tensor,
+                    ) -> torch.Tensor:
+    """The stochastic rule on the device: [depth + 1] long, the accepted node of each level (-1
+    once the walk stopped), then the emitted token. ``target_probs`` [N + 1, V] processed target
+    rows; ``uniforms`` [depth * width + 1] (``num_uniforms``)."""
+    dev, v = target_probs.device, target_probs.shape[-1]
+    table, width, depth = _children_table(tree)
+    kids = torch.tensor(table, device=dev)                                              # [N + 1, W]
+    tokens = torch.tensor(list(tree.tokens) or [0], device=dev)                        # [N]
+    q_all = None
+    if tree.draft_probs is not None and len(tree):
+        q_all = tree.draft_probs.to(dev).float()                                       # [N, Vd]
+        q_all = q_all / q_all.sum(-1, keepdim=True)
+        if q_all.shape[-1] < v:  # a draft vocabulary without the target's padding rows
+            q_all = F.pad(q_all, (0, v - q_all.shape[-1]))
+    cur = torch.zeros((), dtype=torch.long, device=dev)  # row of the node whose children are tried
+    done = torch.zeros((), dtype=torch.bool, device=dev)
+    final = torch.zeros((), dtype=torch.long, device=dev)
+    path = []
+    for d in range(depth):
+        r = target_probs[cur]                                                           # [V]
+        chosen = torch.full((), -1, dtype=torch.long, device=dev)
+        for j in range(width):
+            c = kids[cur, j]
+            live = (c >= 0) & ~done & (chosen < 0)
+            cc = c.clamp(min=0)
+            x = tokens[cc]
+            q = q_all[cc] if q_all is not None else F.one_hot(x, v).to(r.dtype)        # [V]
+            qx, rx = q[x], r[x]
+            ratio = torch.where(qx > 0, rx / qx.clamp(min=1e-30), torch.zeros_like(rx))
+            accept = live & (uniforms[d * width + j] < ratio)
+            chosen = torch.where(accept, cc, chosen)
+            rest = (r - q).clamp(min=0.0)
+            total = rest.sum()
+            # total == 0 only when r == q up to rounding; q then had to be accepted
+            rest = torch.where(total > 0, rest / total.clamp(min=1e-30), target_probs[cur])
+            r = torch.where(live & ~accept, rest, r)
+        step = ~done & (chosen >= 0)
+        path.append(torch.where(step, chosen, -1))
+        stop = ~done & ~step  # every child rejected, or a leaf: emit a sample of the residual
+        final = torch.where(stop, _sample(r, uniforms[-1]), final)
+        done = done | stop
+        cur = torch.where(step, chosen + 1, cur)
+    final = torch.where(done, final, _sample(target_probs[cur], uniforms[-1]))
+    return torch.stack(path + [final])
+
+
+def _walk_host(tree: TokenTree, target_probs: torch.Tensor, uniforms: list[float]) -> list[int]:
+    """``stochastic_path`` with Python control flow (CPU tensors): the same decisions from the
+    same uniforms."""
+    v = target_probs.shape[-1]
+    q_all = None
+    if tree.draft_probs is not None and len(tree):
+        q_all = tree.draft_probs.float()
+        q_all = q_all / q_all.sum(-1, keepdim=True)                                    # [N, Vd]
+    _, width, depth = _children_table(tree)
+    path: list[int] = []
+    node = -1
+    for d in range(depth):
+        kids = tree.children(node)
+        if not kids:
+            break
+        r = target_probs[node + 1]                                                      # [V]
+        chosen = None
+        for j, c in enumerate(kids):
+            x = tree.tokens[c]
+            qx = float(q_all[c, x]) if q_all is not None and x < q_all.shape[-1] else (
+                0.0 if q_all is not None else 1.0)
+            rx = float(r[x])
+            if uniforms[d * width + j] < (rx / qx if qx > 0 else 0.0):
+                chosen = c
+                break
+            if q_all is None:
+                rest = r.clone()
+                rest[x] = 0.0
+            else:
+                q = q_all[c] if q_all.shape[-1] == v else F.pad(q_all[c], (0, v - q_all.shape[-1]))
+                rest = (r - q).clamp(min=0.0)
+            total = float(rest.sum())
+            # total == 0 only when r == q up to rounding; q then had to be accepted
+            r = rest / total if total > 0 else target_probs[node + 1]
+        if chosen is None:
+            return path + [int(_sample(r, torch.tensor(uniforms[-1])))]
+        path.append(chosen)
+        node = chosen
+    return path + [int(_sample(target_probs[node + 1], torch.tensor(uniforms[-1])))]
+
+
+def num_uniforms(tree: TokenTree) -> int:
+    """Uniforms the stochastic rule draws for ``tree``: one per (level, child slot), one to emit."""
+    _, width, depth = _children_table(tree)
+    return depth * width + 1
+
+
+def _verdict(tree: TokenTree, path: list[int]) -> Verdict:
+    """A walk's output (accepted nodes, -1 padding allowed, then the emitted token)."""
+    accepted = tuple(int(n) for n in path[:-1] if n >= 0)
+    return Verdict(accepted, tuple(tree.tokens[n] for n in accepted) + (int(path[-1]),))
+
+
+def _decide(tree: TokenTree, target_probs: torch.Tensor, generator: torch.Generator,
+            ) -> torch.Tensor | list[int]:
+    """The stochastic walk of one request: on the host for CPU tensors (a list), else on the
+    device (a tensor, read back with the batch)."""
+    u = torch.rand(num_uniforms(tree), generator=generator, device=generator.device)
+    if target_probs.device.type == "cpu":
+        return _walk_host(tree, target_probs, u.tolist())
+    return stochastic_path(tree, target_probs, u.to(target_probs.device))
+
+
 def verify_stochastic(tree: TokenTree, target_probs: torch.Tensor,
                       generator: torch.Generator) -> Verdict:
     """target_probs: [N + 1, V] processed target distributions (``probs_from_logits``).
 
-    ``tree.draft_probs`` ([N, V], each node's draft distribution) is used when present; otherwise
-    every node is a one-hot draft.
-    """
-    accepted: list[int] = []
-    node, row = -1, 0
-    while True:
-        residual = target_probs[row].clone()  # [V]
-        chosen = None
-        for child in tree.children(node):
-            x = tree.tokens[child]
-            q = tree.draft_probs[child] if tree.draft_probs is not None else None
-            qx = float(q[x]) if q is not None else 1.0
-            ratio = float(residual[x]) / qx if qx > 0 else 0.0
-            if float(torch.rand((), generator=generator)) < min(1.0, ratio):
-                chosen = child
-                break
-            if q is None:
-                residual[x] = 0.0
-            else:
-                residual = torch.clamp(residual - q, min=0.0)
-            total = float(residual.sum())
-            if total <= 0.0:  # only when r == q up to rounding; q then had to be accepted
-                residual = target_probs[row].clone()
-                total = float(residual.sum())
-            residual = residual / total
-        if chosen is None:
-            token = int(torch.multinomial(residual, 1, generator=generator))
-            return Verdict(tuple(accepted), tuple(tree.tokens[i] for i in accepted) + (token,))
-        accepted.append(chosen)
-        node, row = chosen, chosen + 1
+    ``tree.draft_probs`` ([N, V'], each node's draft distribution, normalised here) is used when
+    present; otherwise every node is a one-hot draft."""
+    path = _decide(tree, target_probs, generator)
+    return _verdict(tree, path if isinstance(path, list) else path.tolist())
+
+
+def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree],
+                 sampling: list[SamplingParams], generators: list[torch.Generator],
+                 ) -> list[Verdict]:
+    """Decide every request of a batch: ``logits`` [B, Lq, V] of one target forward, request i's
+    rows from ``starts[i]`` (its last context token) on, ``len(trees[i]) + 1`` of them. One copy
+    of the decisions to the host."""
+    argmax = logits.argmax(-1)                                                          # [B, Lq]
+    parts, spans = [argmax.flatten()], []
+    offset = argmax.numel()
+    for i, (tree, params, gen) in enumerate(zip(trees, sampling, generators)):
+        if params.greedy:
+            spans.append(None)
+            continue
+        rows = logits[i, starts[i]:starts[i] + len(tree) + 1]                           # [N + 1, V]
+        path = _decide(tree, probs_from_logits(rows, params), gen)                      # [D + 1]
+        if isinstance(path, list):
+            spans.append(path)
+            continue
+        parts.append(path)
+        spans.append((offset, offset + len(path)))
+        offset += len(path)
+    host = torch.cat(parts).tolist()  # the one device-to-host copy
+    lq = logits.shape[1]
+    out = []
+    for i, (tree, span) in enumerate(zip(trees, spans)):
+        if span is None:
+            row0 = i * lq + starts[i]
+            out.append(walk_greedy(tree, host[row0:row0 + len(tree) + 1]))
+        else:
+            out.append(_verdict(tree, span if isinstance(span, list)
+                                else host[span[0]:span[1]]))
+    return out

@@ -1,22 +1,34 @@
 """The verify step: the target scores every request's token tree in one forward and decides.
 
-Per request the verifier keeps the tokens its cache slot holds. Each step feeds the context tokens
-the cache lacks (the tokens emitted by the last step) followed by the drafted tree, in one ragged
-batch; the rows from the last context token on go to the acceptance rule (``rejection.py``); the
-accepted path's keys and values are compacted into place and committed, the rest is forgotten.
+Per request the verifier keeps the request's context and what its cache holds (``sequences.py``).
+Each step a request's context is updated by ``(keep, delta)`` (usually nothing: the verifier
+appends the tokens it emits itself); the step feeds the context tokens the cache lacks followed by
+the drafted tree, in one ragged batch; the rows from the last context token on go to the
+acceptance rule (``rejection.py``); the accepted path's keys and values are compacted into place
+and committed, the rest is given back.
+
+When the KV cache has too few free blocks for the batch, the youngest requests first lose their
+trees (a plain step needs fewer blocks; not a seeded sampling request, whose tokens would then
+differ), then are preempted: their cache is dropped, their context kept, and they get no verdict
+this step (``None``); verified again later, they recompute their cache and emit what they would
+have (a seeded request draws the same numbers at the same step: ``Sequences.generator``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .kv_cache import RequestSlots
 from .model_runner import ForwardItem, ModelRunner
-from .rejection import Verdict, verify_greedy, verify_stochastic
-from .sampling import SamplingParams, probs_from_logits
+from .rejection import Verdict, verify_batch
+from .sampling import SamplingParams
+from .sequences import Sequence, Sequences
 from .tree import TokenTree
+
+Split = Callable[[list[tuple[int, int]]], list[list[int]]]
+"""(new tokens, context after) per request -> groups of request indices, one forward each."""
 
 
 @dataclass(frozen=True)
@@ -24,54 +36,106 @@ class VerifyRequest:
     """One request's part of a verification batch."""
 
     request_id: str
-    """Stable id of the request (keys the verifier's cache slot)."""
-    context: tuple[int, ...]
-    """The request's whole token context: prompt + tokens emitted so far."""
+    """Stable id of the request (keys the verifier's cache sequence)."""
+    delta: tuple[int, ...] | list[int]
+    """Context tokens after the first ``keep`` (a new request: its whole context)."""
     tree: TokenTree
     """Drafted tokens (empty: a plain target decoding step)."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """How the target's distribution is processed and sampled."""
+    keep: int = 0
+    """Context tokens the verifier holds that still hold (``Sequences.apply``)."""
+
+
+@dataclass
+class _Step:
+    request: VerifyRequest
+    seq: Sequence
+    tree: TokenTree
+
+    def new_tokens(self, seqs: Sequences) -> int:
+        return len(self.seq.context) - seqs.cache.lengths[self.seq.seq] + len(self.tree)
 
 
 class Verifier:
-    """The target model with its per-request caches and generators."""
+    """The target model with its per-request contexts, caches and generators."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.slots = RequestSlots(runner.cache)
+        self.seqs = Sequences(runner.cache)
 
     def release(self, request_id: str) -> None:
-        """Free the request's cache slot; unknown ids are ignored (release is idempotent)."""
-        self.slots.release(request_id)
+        """Forget the request and free its cache; unknown ids are ignored (idempotent)."""
+        self.seqs.release(request_id)
 
-    def _item(self, r: VerifyRequest) -> tuple[ForwardItem, int]:
-        """The forward item (uncached context tail + tree) and the tail length."""
-        slot, common = self.slots.sync(r.request_id, r.context, r.sampling.seed)
-        tail = r.context[common:]
-        if r.tree.is_chain:
-            return ForwardItem(slot, tuple(tail) + r.tree.tokens), len(tail)
-        parents = tuple(range(-1, len(tail) - 1)) + tuple(
-            len(tail) - 1 if p < 0 else p + len(tail) for p in r.tree.parents)
-        return ForwardItem(slot, tuple(tail) + r.tree.tokens, parents), len(tail)
+    def _fit(self, steps: list[_Step]) -> list[_Step]:
+        """The steps that get blocks this batch: the youngest drop their trees, then are
+        preempted, until the rest fit."""
+        blocks, lengths = self.runner.cache.blocks, self.runner.cache.lengths
+
+        def need(st: _Step) -> int:
+            return blocks.needed(st.seq.seq, lengths[st.seq.seq] + st.new_tokens(self.seqs))
+
+        if sum(need(st) for st in steps) <= blocks.free_blocks:
+            return steps
+        youngest = sorted(steps, key=lambda st: -st.seq.admitted)
+        for st in youngest:  # a seeded sample would differ without its tree: preempted instead
+            if len(st.tree) and (st.request.sampling.greedy or st.seq.seed is None):
+                st.tree = TokenTree((), ())
+                if sum(need(s) for s in steps) <= blocks.free_blocks:
+                    return steps
+        kept = list(steps)
+        for st in youngest:
+            if sum(need(s) for s in kept) <= blocks.free_blocks:
+                break
+            self.seqs.evict(st.request.request_id)
+            kept.remove(st)
+        return kept
 
     @torch.inference_mode()
-    def verify(self, requests: list[VerifyRequest]) -> list[Verdict]:
-        """Score and decide every request's tree in one target forward."""
+    def verify(self, requests: list[VerifyRequest], split: Split | None = None,
+               ) -> list[Verdict | None]:
+        """Update every request's context, then score and decide every tree (in one forward, or
+        one per group of ``split``); ``None`` for a request preempted for lack of blocks."""
         if not requests:
             return []
-        built = [self._item(r) for r in requests]
-        logits = self.runner.forward([item for item, _ in built])              # [B, Lq, V]
-        verdicts = []
-        for i, (r, (item, tail)) in enumerate(zip(requests, built)):
-            rows = logits[i, tail - 1:tail + len(r.tree)]                       # [N + 1, V]
-            if r.sampling.greedy:
-                verdict = verify_greedy(r.tree, rows)
-            else:
-                verdict = verify_stochastic(r.tree, probs_from_logits(rows, r.sampling),
-                                            self.slots.generator(r.request_id))
-            base = len(r.context)
-            self.runner.cache.compact(item.slot, [base + n for n in verdict.accepted], base)
-            self.runner.cache.commit(item.slot, base + verdict.num_accepted)
-            self.slots.hold(r.request_id, list(r.context) + [r.tree.tokens[n] for n in verdict.accepted])
-            verdicts.append(verdict)
+        self.seqs.tick()
+        max_len = self.runner.max_len
+        steps = []
+        for r in requests:
+            s = self.seqs.apply(r.request_id, r.keep, r.delta, r.sampling.seed)
+            if len(s.context) >= max_len:
+                raise ValueError(f"{r.request_id}: context of {len(s.context)} tokens is full "
+                                 f"(max model length {max_len})")
+            tree = r.tree if len(s.context) + len(r.tree) < max_len else TokenTree((), ())
+            steps.append(_Step(r, s, tree))
+        runnable = self._fit(steps)
+        sizes = [(st.new_tokens(self.seqs), len(st.seq.context) + len(st.tree)) for st in runnable]
+        groups = split(sizes) if split and runnable else [list(range(len(runnable)))]
+        verdicts: dict[str, Verdict] = {}
+        for g in groups:
+            for st, verdict in zip([runnable[j] for j in g], self._run([runnable[j] for j in g])):
+                verdicts[st.request.request_id] = verdict
+        return [verdicts.get(r.request_id) for r in requests]
+
+    def _run(self, steps: list[_Step]) -> list[Verdict]:
+        cache = self.runner.cache
+        items: list[ForwardItem] = []
+        starts: list[int] = []
+        for st in steps:
+            tail = self.seqs.feed(st.seq)
+            tree = st.tree
+            parents = None if tree.is_chain else tuple(range(-1, len(tail) - 1)) + tuple(
+                len(tail) - 1 if p < 0 else p + len(tail) for p in tree.parents)
+            items.append(ForwardItem(st.seq.seq, tail + list(tree.tokens), parents))
+            starts.append(len(tail) - 1)  # rows from the last context token on
+        logits = self.runner.forward(items, logits_from=starts)                 # [B, N + 1, V]
+        verdicts = verify_batch(logits, [0] * len(steps), [st.tree for st in steps],
+                                [st.request.sampling for st in steps],
+                                [self.seqs.generator(st.seq) for st in steps])
+        for st, verdict in zip(steps, verdicts):
+            base = len(st.seq.context)
+            cache.compact(st.seq.seq, [base + n for n in verdict.accepted], base)
+            cache.commit(st.seq.seq, base + verdict.num_accepted)
+            st.seq.context.extend(verdict.tokens)
         return verdicts

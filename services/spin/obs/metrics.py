@@ -21,6 +21,9 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 - p99 TTFT: ``histogram_quantile(0.99, sum by (le) (rate(spin:time_to_first_token_seconds_bucket[5m])))``
 - speculation-off share of steps: ``rate(spin:spec_decode_steps_total{draft_model=""}[5m])
   / rate(spin:spec_decode_steps_total[5m])``
+- preemptions per second (the verifier's KV cache too small for the load):
+  ``sum(rate(spin:num_preemptions_total{role="verifier"}[5m]))``; KV cache use:
+  ``max by (role, model) (spin:kv_cache_usage_perc)``
 """
 
 from __future__ import annotations
@@ -106,13 +109,18 @@ VERIFY_PADDED_FRACTION = Histogram("spin:verify_padded_fraction",
 VERIFY_FORWARDS = Histogram("spin:verify_forwards_per_batch",
                             "Target forwards per verification batch (after decomposition).",
                             buckets=(1, 2, 3, 4, 6, 8))
-KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache slots in use (0..1).",
+KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache blocks in use (0..1).",
                        ["role", "model"])
+NUM_PREEMPTIONS = Counter("spin:num_preemptions",
+                          "Requests whose KV cache was dropped for lack of blocks, to be "
+                          "recomputed (verifier: the request waits and is verified again, its "
+                          "output unchanged; drafter: an idle request's cache, caught up when it "
+                          "is drafted again).", ["role", "model"])
 
 
 def observe_service_batch(role: str, model: str, seconds: float, requests: int,
-                          slots_in_use: float) -> None:
+                          blocks_in_use: float) -> None:
     """A drafter's or verifier's batch: its compute time, size, and cache use after it."""
     SERVICE_BATCH_SECONDS.labels(role, model).observe(seconds)
     SERVICE_BATCH_REQUESTS.labels(role, model).observe(requests)
-    KV_CACHE_USAGE.labels(role, model).set(slots_in_use)
+    KV_CACHE_USAGE.labels(role, model).set(blocks_in_use)

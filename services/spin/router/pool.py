@@ -138,7 +138,7 @@ class ReplicaPool:
                                                                           groups[a]]), timeout_s)
                                           for a in order), return_exceptions=True)
         results: list[Any] = [None] * len(batch.tasks)
-        seconds, failed = 0.0, []
+        seconds, failed, free, blocks = 0.0, [], 0, 0
         for addr, outcome in zip(order, outcomes):
             idx = groups.get(addr, [])
             if isinstance(outcome, BaseException):
@@ -150,13 +150,17 @@ class ReplicaPool:
                     results[i] = self._resync(batch.tasks[i].request_id)
                 continue
             seconds = max(seconds, _seconds(outcome))
+            free, blocks = free + outcome.free_blocks, blocks + outcome.num_blocks
             for i, res in zip(idx, outcome.results):
                 results[i] = res
         if failed and len(failed) == len(order) and batch.tasks:
             raise failed[0]
+        # several replicas: their blocks together (each request is pinned to one of them)
         if self.kind == "drafter":
-            return drafter_pb2.SpeculateResponse(results=results, draft_seconds=seconds)
-        return verifier_pb2.VerifyResponse(results=results, verify_seconds=seconds)
+            return drafter_pb2.SpeculateResponse(results=results, draft_seconds=seconds,
+                                                 free_blocks=free, num_blocks=blocks)
+        return verifier_pb2.VerifyResponse(results=results, verify_seconds=seconds,
+                                           free_blocks=free, num_blocks=blocks)
 
     def _batch(self, tasks: list):
         return (drafter_pb2.SpeculateRequest(tasks=tasks) if self.kind == "drafter"

@@ -12,6 +12,7 @@ from ..engine.prompt_lookup import PromptLookupIndex
 from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from ..engine.translate import TranslatedContext
     from ..obs.tracing import RequestTrace
 
 
@@ -57,12 +58,19 @@ class RouterRequest:
     steps: int = 0
     steps_off: int = 0
     tallies: dict[str, DrafterTally] = field(default_factory=dict)
+    kv_pending: int = 0
+    """KV blocks the admission counts for the request until its first verification."""
+    preemptions: int = 0
+    """Times the verifier dropped its cache for lack of blocks (it waited, then recomputed)."""
     lookup_scored: int = 0
     """Context tokens prompt lookup was scored on (each round scores only what came since)."""
     lookup: PromptLookupIndex = field(default_factory=PromptLookupIndex)
     """Prompt lookup over the context, kept up to date by ``lookup_index``."""
     trace: RequestTrace | None = None
     """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
+    translated: dict[str, TranslatedContext] = field(default_factory=dict)
+    """Drafter with another tokenizer -> the context in its tokens (``router/translated.py``);
+    ``synced`` counts that drafter's tokens."""
 
     @property
     def traceparent(self) -> str:

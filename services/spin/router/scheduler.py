@@ -24,9 +24,11 @@ from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice
 from ..rpc.convert import sampling_to_proto
 from ..v1 import drafter_pb2, generation_pb2, token_tree_pb2, verifier_pb2
+from .admission import KVBudget
 from .clients import ServiceDown
 from .pool import ReplicaPool
 from .requests import DrafterTally, RouterRequest, TextStream
+from .translated import TranslatedDrafters
 
 log = logging.getLogger(__name__)
 VERIFIER = "verifier"
@@ -71,10 +73,15 @@ class RequestError:
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, verifier: ReplicaPool,
                  drafters: dict[str, ReplicaPool], policy: Policy,
-                 decode: Callable[[list[int]], str], eos_id: int | None, store=None) -> None:
+                 decode: Callable[[list[int]], str], eos_id: int | None, store=None,
+                 kv: KVBudget | None = None, translators: dict | None = None) -> None:
         self.cfg = cfg
+        self.kv = kv or KVBudget(0, 0, 0)
+        """The verifier's KV blocks (admission); block size 0 = admit by ``max_batch`` only."""
         self.verifier = verifier
         self.drafters = drafters
+        self.translated = TranslatedDrafters(translators)
+        """Drafters with another tokenizer: they draft through token translation."""
         self.policy = policy
         self.decode = decode
         self.eos_id = eos_id
@@ -105,10 +112,8 @@ class Scheduler:
         if req.finished:
             return
         req.cancelled = True
-        if req in self.waiting:
-            self.waiting.remove(req)
-            metrics.REQUESTS_WAITING.set(len(self.waiting))
-            self._streams.pop(req.request_id, None)
+        if req in self.waiting:  # a preempted one: the services still hold its context
+            self._finish(req)
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -116,11 +121,17 @@ class Scheduler:
             event.set()
 
     def _admit(self) -> None:
-        """Move waiting requests into the emptiest lanes while the batch has room."""
+        """Move waiting requests into the emptiest lanes while the batch has room and the
+        verifier's KV cache has blocks for their contexts (``admission.py``)."""
         while self.waiting and len(self.running) < self.cfg.max_batch:
+            blocks = self.kv.try_admit(self.waiting[0].context_len, len(self.running))
+            if blocks is None:
+                break
             req = self.waiting.popleft()
-            req.scheduled_at = time.perf_counter()
-            metrics.QUEUE_TIME.observe(req.scheduled_at - req.arrival)
+            req.kv_pending = blocks
+            if req.scheduled_at is None:
+                req.scheduled_at = time.perf_counter()
+                metrics.QUEUE_TIME.observe(req.scheduled_at - req.arrival)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(req)
             self.running.append(req)
@@ -128,13 +139,31 @@ class Scheduler:
         metrics.REQUESTS_WAITING.set(len(self.waiting))
         metrics.REQUESTS_RUNNING.set(len(self.running))
 
-    def _finish(self, req: RouterRequest) -> None:
-        req.finished = True
+    def _unschedule(self, req: RouterRequest) -> None:
+        """Take a request out of the batch (finished, failed or preempted)."""
         if req in self.running:
             self.running.remove(req)
         for lane in self.lanes:
             if req in lane:
                 lane.remove(req)
+        self.kv.verified(req.kv_pending)
+        req.kv_pending = 0
+
+    def _preempt(self, req: RouterRequest) -> None:
+        """The verifier had no KV blocks for the request this step: it waits at the head of the
+        queue (the verifier keeps its context) and is verified again when blocks are free."""
+        self._unschedule(req)
+        req.preemptions += 1
+        self.waiting.appendleft(req)
+        metrics.REQUESTS_WAITING.set(len(self.waiting))
+        metrics.REQUESTS_RUNNING.set(len(self.running))
+
+    def _finish(self, req: RouterRequest) -> None:
+        req.finished = True
+        if req in self.waiting:  # cancelled while preempted
+            self.waiting.remove(req)
+            metrics.REQUESTS_WAITING.set(len(self.waiting))
+        self._unschedule(req)
         self._streams.pop(req.request_id, None)
         for service in req.touched | {VERIFIER}:
             self._release[service].add(req.request_id)
@@ -212,6 +241,7 @@ class Scheduler:
         finally:
             await scored  # within the step: a request's release never overtakes its scoring
         self._verifier_down_since = None
+        self.kv.report(resp.free_blocks, resp.num_blocks)
         predicted_s = prediction.step_s if prediction is not None else 0.0
         for r, choice, res in zip(reqs, choices, resp.results):
             tree = trees.get(r.request_id)
@@ -259,7 +289,8 @@ class Scheduler:
                     start = max(len(r.prompt), r.lookup_scored)
                     r.lookup_scored = r.context_len
                     self.policy.observe_score(r.request_id, name, *r.lookup_index().score(start))
-                elif name in self.drafters and self.drafters[name].available:
+                elif (name in self.drafters and self.drafters[name].available
+                      and name not in self.translated):  # its predictions are in other tokens
                     scoring[name].append((r, StepChoice(name, 0, score=(name,))))
             if c.drafter is None or c.k <= 0:
                 continue
@@ -282,7 +313,12 @@ class Scheduler:
     async def _draft_one(self, name: str, group: list[tuple[RouterRequest, StepChoice]],
                          ) -> tuple[dict[str, token_tree_pb2.TokenTree], float]:
         tasks = []
+        translated = name in self.translated
         for r, c in group:
+            if translated:  # context, chain and sampling in the drafter's own tokens
+                tasks.append(self.translated.task(self.drafters[name], r, c, name))
+                r.touched.add(name)
+                continue
             keep = self.drafters[name].route(r.request_id, r.synced.get(name, 0))
             tasks.append(drafter_pb2.DraftTask(request_id=r.request_id, keep=keep,
                                                context_delta=r.context_from(keep), k=c.k,
@@ -308,14 +344,16 @@ class Scheduler:
             return {}, 0.0
         metrics.DRAFTER_UP.labels(name).set(1)
         trees = {}
-        for (r, _), res in zip(group, resp.results):
+        for (r, c), res in zip(group, resp.results):
             if res.resync:
                 r.synced.pop(name, None)
             elif res.score_positions:
                 self.policy.observe_score(r.request_id, name, res.score_matches,
                                           res.score_positions)
             elif len(res.tree.tokens):
-                trees[r.request_id] = res.tree
+                tree = self.translated.tree(r, name, res.tree, c.k) if translated else res.tree
+                if tree is not None:
+                    trees[r.request_id] = tree
         return trees, resp.draft_seconds
 
     async def _flush_releases(self) -> None:
@@ -345,6 +383,12 @@ class Scheduler:
             return
         if res.resync:
             r.synced.pop(VERIFIER, None)
+            return
+        self.kv.verified(r.kv_pending)
+        r.kv_pending = 0
+        if res.preempted:  # the verifier still holds its context: the same keep next time
+            r.synced[VERIFIER] = r.context_len
+            self._preempt(r)
             return
         r.synced[VERIFIER] = r.context_len + len(res.tokens)
         r.steps += 1

@@ -18,11 +18,14 @@ import grpc
 from transformers import AutoTokenizer
 
 from ..engine.sampling import SamplingParams
+from ..engine.translate import Translator
+from ..engine.vocab import TokenizerId, identify, incompatibility
 from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
 from ..rpc.convert import sampling_from_proto
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
+from .admission import KVBudget
 from .clients import ServiceDown
 from .discovery import Endpoints, KubernetesDiscovery, KubernetesDiscoveryConfig
 from .pool import ReplicaPool
@@ -39,7 +42,7 @@ class RouterConfig:
     verifier: str | None
     """Verifier address (host:port); None with Kubernetes discovery."""
     tokenizer: str
-    """Path of the target's tokenizer (the verifier's model directory)."""
+    """The target's tokenizer: its checkpoint directory or Hugging Face name."""
     drafters: dict[str, str] = field(default_factory=dict)
     """Drafter name -> address (static discovery)."""
     default_drafter: str | None = PROMPT_LOOKUP
@@ -178,36 +181,77 @@ async def _wait_for_verifier(verifier: ReplicaPool):
         waited += 2.0
 
 
-async def _check_drafter(name: str, pool: ReplicaPool, vocab_size: int,
-                         drafters: dict[str, ReplicaPool], rejected: set[str]) -> None:
-    """A drafter must share the target's vocabulary; one that does not is never used."""
+def _tokenizer_id(info) -> TokenizerId | None:
+    """The tokenizer a drafter or verifier reported, or None (it has none)."""
+    if not info.tokenizer_fingerprint:
+        return None
+    return TokenizerId(info.tokenizer, info.tokenizer_size, info.tokenizer_fingerprint)
+
+
+async def _check_drafter(name: str, pool: ReplicaPool, target: tuple[TokenizerId, int],
+                         drafters: dict[str, ReplicaPool], rejected: set[str],
+                         tokenizer=None, translators: dict[str, Translator] | None = None) -> None:
+    """A drafter must tokenize as the target does (same tokens, whatever its embedding padding:
+    ``engine/vocab.py``), or have a tokenizer of its own that the router can load (from the
+    ``model_path`` it reports): then it drafts through token translation (``tokenizer`` is the
+    target's; the drafter's ``Translator`` goes into ``translators``). One that can do neither is
+    never used, and the log says why."""
     try:
         d = await pool.info(timeout_s=60)
     except ServiceDown as e:
         log.warning("drafter %s is not reachable yet (%s)", name, e)
         return
     metrics.DRAFTER_UP.labels(name).set(1)
-    if d.vocab_size != vocab_size:
-        log.error("drafter %s has a vocabulary of %d, the target %d: they must share the "
-                  "tokenizer; not using it", name, d.vocab_size, vocab_size)
+    draft = _tokenizer_id(d)
+    why = incompatibility(target[0], target[1], draft, d.vocab_size)
+    if why is not None and None not in (target[0], draft, tokenizer, translators):
+        translator, problem = await asyncio.to_thread(_translator, tokenizer, d.model_path, draft)
+        if translator is not None:
+            translators[name] = translator
+            log.warning("drafter %s (%s) drafts through token translation: %s; the router "
+                        "re-tokenises its drafts into the target's tokens", name, d.model_path,
+                        why)
+            return
+        why += f"; translation needs the drafter's tokenizer files on the router ({problem})"
+    if why is not None:
+        log.error("drafter %s (%s) cannot draft for the target: %s; not using it", name,
+                  d.model_path, why)
         rejected.add(name)
         if drafters.get(name) is pool:
             del drafters[name]
             await pool.close()
 
 
-async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None) -> None:
+def _translator(tokenizer, path: str, draft: TokenizerId) -> tuple[Translator | None, str]:
+    """A translator from the target's ``tokenizer`` to the drafter's, loaded from its checkpoint
+    ``path`` as the router sees it (local files only: nothing is downloaded); (None, why not) when
+    there is none there or it is not the tokenizer the drafter reported."""
+    if not path:
+        return None, "the drafter reported no checkpoint path"
+    try:
+        theirs = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError) as e:
+        return None, f"none loads from {path}: {str(e).splitlines()[0] if str(e) else e!r}"
+    seen = identify(theirs)
+    if seen.fingerprint != draft.fingerprint:
+        return None, f"{path} holds {seen.describe()} here, not the drafter's"
+    return Translator(tokenizer, theirs), ""
+
+
+async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None,
+                tokenizer) -> None:
     from ..stats import open_stats_store
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
     verifier = ReplicaPool("target", "verifier", [cfg.verifier] if cfg.verifier else [])
     drafters = {name: ReplicaPool(name, "drafter", [addr]) for name, addr in cfg.drafters.items()}
     rejected: set[str] = set()
     checks: set[asyncio.Task] = set()
-    vocab: list[int] = []  # the target's, once known
+    vocab: list[tuple[TokenizerId, int]] = []  # the target's tokenizer and rows, once known
+    translators: dict[str, Translator] = {}  # drafters with another tokenizer the router reads
 
     def check(name: str, pool: ReplicaPool) -> None:
-        task = asyncio.create_task(_check_drafter(name, pool, vocab[0], drafters, rejected))
+        task = asyncio.create_task(_check_drafter(name, pool, vocab[0], drafters, rejected,
+                                                  tokenizer, translators))
         checks.add(task)
         task.add_done_callback(checks.discard)
 
@@ -229,7 +273,16 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
                  cfg.kubernetes.label_selector)
         discovery.start()
     info = await _wait_for_verifier(verifier)
-    vocab.append(info.vocab_size)
+    target_tokenizer = identify(tokenizer)
+    served = _tokenizer_id(info)
+    if served is not None and served.fingerprint != target_tokenizer.fingerprint:
+        log.warning("the router's tokenizer %s is not the verifier's %s: prompts are tokenized "
+                    "and outputs decoded with the router's", target_tokenizer.describe(),
+                    served.describe())
+    vocab.append((target_tokenizer, info.vocab_size))
+    log.info("target %s (%s on %s, %s): %d KV blocks of %d tokens, max model len %d",
+             info.name, info.model_path, info.device or "?", info.dtype or "?", info.num_blocks,
+             info.block_size, info.max_context)
     for name, pool in list(drafters.items()):
         check(name, pool)
     sched_cfg = cfg.scheduler
@@ -240,7 +293,9 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
         policy = _policy(cfg, store)
     scheduler = Scheduler(sched_cfg, verifier, drafters, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                          tokenizer.eos_token_id, store)
+                          tokenizer.eos_token_id, store,
+                          KVBudget(info.block_size, info.num_blocks, info.num_blocks),
+                          translators)
     service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size)
     loop_task = asyncio.create_task(scheduler.run())
 
@@ -261,6 +316,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
 
 
 def run(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None = None) -> None:
-    if not Path(cfg.tokenizer).exists():
-        raise SystemExit(f"no tokenizer at {cfg.tokenizer}")
-    asyncio.run(_main(cfg, server_cfg, policy))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"no tokenizer at {cfg.tokenizer}: {e}") from None
+    asyncio.run(_main(cfg, server_cfg, policy, tokenizer))

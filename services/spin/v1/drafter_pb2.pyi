@@ -60,14 +60,18 @@ class DraftResult(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., resync: _Optional[bool] = ..., score_matches: _Optional[int] = ..., score_positions: _Optional[int] = ...) -> None: ...
 
 class SpeculateResponse(_message.Message):
-    __slots__ = ("batch_id", "results", "draft_seconds")
+    __slots__ = ("batch_id", "results", "draft_seconds", "free_blocks", "num_blocks")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     results: _containers.RepeatedCompositeFieldContainer[DraftResult]
     draft_seconds: float
-    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[DraftResult, _Mapping]]] = ..., draft_seconds: _Optional[float] = ...) -> None: ...
+    free_blocks: int
+    num_blocks: int
+    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[DraftResult, _Mapping]]] = ..., draft_seconds: _Optional[float] = ..., free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class GetDrafterInfoRequest(_message.Message):
     __slots__ = ()

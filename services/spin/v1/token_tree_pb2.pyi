@@ -17,11 +17,11 @@ class TokenTree(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ...) -> None: ...
 
 class DraftDistribution(_message.Message):
-    __slots__ = ("dense", "token_ids", "token_probs")
-    DENSE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("token_ids", "dense_f16", "token_probs_f16")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
-    dense: _containers.RepeatedScalarFieldContainer[float]
+    DENSE_F16_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROBS_F16_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    token_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, dense: _Optional[_Iterable[float]] = ..., token_ids: _Optional[_Iterable[int]] = ..., token_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    dense_f16: bytes
+    token_probs_f16: bytes
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., dense_f16: _Optional[bytes] = ..., token_probs_f16: _Optional[bytes] = ...) -> None: ...

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import grpc
 
-from ..engine.model_runner import ModelRunner
-from ..engine.tree import TokenTree
+from ..engine.model_runner import RunnerConfig, describe
 from ..engine.verifier import Verifier, VerifyRequest
+from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
 from ..policy.decompose import ForwardCost, decompose, padded_fraction
 from ..rpc.batches import in_order
-from ..rpc.contexts import ContextBook
 from ..rpc.convert import sampling_from_proto, tree_from_proto
+from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
 
@@ -36,23 +36,21 @@ log = logging.getLogger(__name__)
 class VerifierService(verifier_pb2_grpc.VerifierServicer):
     """An engine ``Verifier`` with per-request contexts."""
 
-    def __init__(self, model_path: str | Path, slots: int = 64, max_context: int | None = None,
+    def __init__(self, model_path: str | Path, runner: RunnerConfig = RunnerConfig(),
                  name: str | None = None, decompose: bool = True,
                  forward_cost: ForwardCost | None = None) -> None:
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
-        self.verifier = Verifier(ModelRunner(model_path, num_slots=slots, max_len=max_context))
-        self.book = ContextBook()
+        self.verifier = Verifier(runner.load(model_path))
+        self.tokenizer = load_identity(model_path)
         self.decompose = decompose
         """Split batches into sub-batches that pad less (``policy/decompose.py``)."""
         self.forward_cost = forward_cost or ForwardCost()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
+        metrics.NUM_PREEMPTIONS.labels("verifier", self.name)  # exported at 0 from the start
 
     def info(self) -> model_info_pb2.ModelInfo:
-        runner = self.verifier.runner
-        return model_info_pb2.ModelInfo(name=self.name, model_path=self.model_path,
-                                        vocab_size=runner.vocab_size, max_context=runner.max_len,
-                                        max_requests=runner.cache.num_slots)
+        return model_info(self.name, self.model_path, self.verifier.runner, self.tokenizer)
 
     async def GetVerifierInfo(self, request, context) -> verifier_pb2.GetVerifierInfoResponse:
         return verifier_pb2.GetVerifierInfoResponse(info=self.info())
@@ -96,20 +94,20 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     def _run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         start = time.perf_counter()
         for rid in batch.release:
-            self.book.release(rid)
             self.verifier.release(rid)
-        runner = self.verifier.runner
+        runner, seqs = self.verifier.runner, self.verifier.seqs
+        blocks = runner.cache.blocks
         results: list[verifier_pb2.VerifyResult] = []
         work: list[tuple[int, VerifyRequest]] = []
-        new = sum(1 for t in batch.tasks if t.request_id not in self.verifier.slots
+        new = sum(1 for t in batch.tasks if t.request_id not in seqs
                   and t.keep == 0)  # keep > 0 for an unknown request is a resync
-        if new > runner.cache.free_slots:
+        if new > blocks.free_seqs:
             raise BatchRejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{new} new requests but {runner.cache.free_slots} free cache slots")
+                                f"{new} new requests but room for {blocks.free_seqs} more "
+                                f"(--max-seqs {blocks.max_seqs})")
         for task in batch.tasks:
             results.append(verifier_pb2.VerifyResult(request_id=task.request_id))
-            ctx = self.book.apply(task.request_id, task.keep, task.context_delta)
-            if ctx is None or not ctx:
+            if not seqs.holds(task.request_id, task.keep) or not (task.keep or task.context_delta):
                 results[-1].resync = True
                 metrics.SERVICE_RESYNCS.labels("verifier", self.name).inc()
                 continue
@@ -119,33 +117,47 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             except ValueError as e:
                 raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{task.request_id}: {e}") from e
-            if len(ctx) + len(tree) + 1 > runner.max_len:  # no room for the tree: plain step
-                tree = TokenTree((), ())
-            if len(ctx) >= runner.max_len:
+            if task.keep + len(task.context_delta) >= runner.max_len:
                 raise BatchRejected(grpc.StatusCode.OUT_OF_RANGE,
-                                    f"{task.request_id}: context of {len(ctx)} tokens is full")
-            work.append((len(results) - 1, VerifyRequest(task.request_id, ctx, tree, sampling)))
-        # new tokens each request feeds (uncached tail + tree) and its context after them
-        sizes = [(len(r.context) - min(self.verifier.slots.held(r.request_id), len(r.context) - 1)
-                  + len(r.tree), len(r.context) + len(r.tree)) for _, r in work]
-        groups = (decompose(sizes, self.forward_cost) if self.decompose and work
-                  else [list(range(len(work)))] if work else [])
-        verdicts: list = [None] * len(work)
-        for g in groups:
-            for j, verdict in zip(g, self.verifier.verify([work[j][1] for j in g])):
-                verdicts[j] = verdict
-        if work:
-            metrics.VERIFY_PADDED_FRACTION.observe(padded_fraction(sizes, groups))
-            metrics.VERIFY_FORWARDS.observe(len(groups))
-        for (i, req), verdict in zip(work, verdicts):
+                                    f"{task.request_id}: context of "
+                                    f"{task.keep + len(task.context_delta)} tokens is full "
+                                    f"(--max-model-len {runner.max_len})")
+            work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
+                                                         tree, sampling, keep=task.keep)))
+        split = _Split(self.forward_cost if self.decompose else None)
+        verdicts = self.verifier.verify([r for _, r in work], split)
+        if split.sizes:
+            metrics.VERIFY_PADDED_FRACTION.observe(padded_fraction(split.sizes, split.groups))
+            metrics.VERIFY_FORWARDS.observe(len(split.groups))
+        for (i, _), verdict in zip(work, verdicts):
+            if verdict is None:
+                results[i].preempted = True
+                metrics.NUM_PREEMPTIONS.labels("verifier", self.name).inc()
+                continue
             results[i].tokens.extend(verdict.tokens)
             results[i].num_accepted = verdict.num_accepted
-            self.book.extend(req.request_id, verdict.tokens)
         seconds = time.perf_counter() - start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
-                                      1 - runner.cache.free_slots / runner.cache.num_slots)
+                                      runner.cache.usage)
         return verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
-                                           verify_seconds=seconds)
+                                           verify_seconds=seconds, free_blocks=blocks.free_blocks,
+                                           num_blocks=blocks.num_blocks)
+
+
+class _Split:
+    """The verifier's split of a batch into forwards (``policy/decompose.py``), remembered for
+    the padding metrics."""
+
+    def __init__(self, cost: ForwardCost | None) -> None:
+        self.cost = cost
+        self.sizes: list[tuple[int, int]] = []
+        self.groups: list[list[int]] = []
+
+    def __call__(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
+        self.sizes = sizes
+        self.groups = (decompose(sizes, self.cost) if self.cost is not None
+                       else [list(range(len(sizes)))])
+        return self.groups
 
 
 class BatchRejected(Exception):
@@ -156,9 +168,11 @@ class BatchRejected(Exception):
         self.code = code
 
 
-def run(model: str, cfg: ServerConfig, slots: int = 64, decompose: bool = True) -> None:
+def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
+        decompose: bool = True) -> None:
     """Load the target, then serve until SIGTERM."""
-    service = VerifierService(model, slots=slots, decompose=decompose)
+    service = VerifierService(model, runner, decompose=decompose)
+    log.info("verifier %s", describe(service.verifier.runner))
     cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
     cfg.trace_service = "spin-verifier"
     asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),

@@ -5,7 +5,8 @@ from functools import lru_cache
 import pytest
 import torch
 
-from spin.engine.rejection import num_uniforms, verify_batch, verify_greedy, verify_stochastic
+from spin.engine.rejection import (walk_host, num_uniforms, stochastic_path, verify_batch,
+                                   verify_greedy, verify_stochastic)
 from spin.engine.sampling import SamplingParams, probs_from_logits
 from spin.engine.tree import TokenTree
 
@@ -204,3 +205,24 @@ def test_verify_batch_decides_each_request_as_alone() -> None:
         alone = verify_batch(batch[2:3], [cases[2][3]], [cases[2][0]], [cases[2][1]],
                              [torch.Generator().manual_seed(trial * 10 + 2)])
         assert alone[0] == got[2]
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_the_device_walk_decides_as_the_host_walk(one_hot: bool) -> None:
+    """``stochastic_path`` (the walk an accelerator runs with masks, no value read back) takes the
+    decisions of ``walk_host`` (the CPU's) from the same uniforms, for chains and trees, with
+    draft rows (fp16, unnormalised, narrower than the target's vocabulary) or one-hot drafts."""
+    gen = torch.Generator().manual_seed(7)
+    shapes = [(-1,), (-1, 0, 1), (-1, -1, 0, 1, 2), (-1, -1, -1, 0, 0, 3), ()]
+    for trial in range(200):
+        parents = shapes[trial % len(shapes)]
+        tokens = torch.randint(0, V, (len(parents),), generator=gen).tolist()
+        rows = None
+        if not one_hot and parents:
+            rows = torch.softmax(torch.randn(len(parents), V - 1, generator=gen) * 2, -1).half()
+        tree = TokenTree(tuple(tokens), parents, rows)
+        probs = torch.softmax(torch.randn(len(parents) + 1, V, generator=gen) * 2, -1)
+        u = torch.rand(num_uniforms(tree), generator=gen)
+        host = walk_host(tree, probs, u.tolist())
+        device = stochastic_path(tree, probs, u).tolist()
+        assert [n for n in device[:-1] if n >= 0] == host[:-1] and device[-1] == host[-1], trial

@@ -22,7 +22,7 @@ Each request draws a fixed number of uniforms from its own generator per step (o
 request draws the same numbers whatever shares its batch. On an accelerator the walk runs on the
 device without reading a value back (``stochastic_path``: a fixed loop over the tree's levels and
 a node's children, with masks); on the CPU, where there is nothing to wait for, the same walk
-runs with Python control flow (``_walk_host``: a few tensor ops per child instead of a dozen).
+runs with Python control flow (``walk_host``: a few tensor ops per child instead of a dozen).
 ``verify_batch`` decides a whole batch and copies the decisions to the host once.
 """
 
@@ -134,7 +134,7 @@ def stochastic_path(tree: TokenTree, target_probs: torch.Tensor, uniforms: torch
     return torch.stack(path + [final])
 
 
-def _walk_host(tree: TokenTree, target_probs: torch.Tensor, uniforms: list[float]) -> list[int]:
+def walk_host(tree: TokenTree, target_probs: torch.Tensor, uniforms: list[float]) -> list[int]:
     """``stochastic_path`` with Python control flow (CPU tensors): the same decisions from the
     same uniforms."""
     v = target_probs.shape[-1]
@@ -193,7 +193,7 @@ def _decide(tree: TokenTree, target_probs: torch.Tensor, generator: torch.Genera
     device (a tensor, read back with the batch)."""
     u = torch.rand(num_uniforms(tree), generator=generator, device=generator.device)
     if target_probs.device.type == "cpu":
-        return _walk_host(tree, target_probs, u.tolist())
+        return walk_host(tree, target_probs, u.tolist())
     return stochastic_path(tree, target_probs, u.to(target_probs.device))
 
 

@@ -62,20 +62,22 @@ def test_the_step_prediction_follows_how_much_of_k_early_stopping_chains_draft()
     policy = LearnedPolicy(learned_config({"stop_below": 0.2, "score_after": 0}), _cost(),
                            population=lambda: pop)
     try:
-        (first,) = policy.choose([_view("a")], DRAFTERS)
+        plan = policy.choose([_view("a")], DRAFTERS)
+        (first,) = plan
         assert first.drafter == "draft-code" and first.k >= 4
         _, verify = policy.controller.predicted_parts([("a", "draft-code", 200)], [first.k])
-        assert policy.last_prediction.verify_s == pytest.approx(verify)  # nothing seen yet
+        assert plan.prediction.verify_s == pytest.approx(verify)  # nothing seen yet
         c, fraction = first, 1.0
         for _ in range(5):  # every chain stops at half its k (all of it accepted)
             policy.observe("a", replace(c, k=c.k // 2), c.k // 2, 0.01, 0.01)
             fraction += EMA * ((c.k // 2) / c.k - fraction)
-            (c,) = policy.choose([_view("a")], DRAFTERS)
+            plan = policy.choose([_view("a")], DRAFTERS)
+            (c,) = plan
         assert fraction < 0.8
         drafts, verify = policy.controller.predicted_parts([("a", "draft-code", 200)],
                                                            [c.k * fraction])
-        assert policy.last_prediction.verify_s == pytest.approx(verify)
-        assert policy.last_prediction.draft_s == pytest.approx(drafts)
+        assert plan.prediction.verify_s == pytest.approx(verify)
+        assert plan.prediction.draft_s == pytest.approx(drafts)
     finally:
         policy.close()
 
@@ -127,9 +129,10 @@ def test_a_named_drafter_without_its_k_gets_the_controllers_alone_in_its_batch()
     policy = LearnedPolicy(learned_config({"stop_below": 0.25}), _cost(), population=lambda: pop)
     try:
         for _ in range(3):
-            (c,) = policy.choose([_view("a", "drafter", "draft-code")], DRAFTERS)
+            plan = policy.choose([_view("a", "drafter", "draft-code")], DRAFTERS)
+            (c,) = plan
             assert (c.drafter, c.stop_below) == ("draft-code", 0.25) and c.k > 1
-            assert policy.last_prediction.draft_s["draft-code"] > 0
+            assert plan.prediction.draft_s["draft-code"] > 0
             policy.observe("a", c, c.k, 0.004, 0.011)
         (off, low) = policy.choose([_view("b", "off"), _view("c", "drafter", "draft-prose")],
                                    DRAFTERS)
@@ -149,17 +152,19 @@ def test_k_is_clipped_to_the_remaining_tokens() -> None:
 
 def test_predicted_step_time_is_exposed() -> None:
     policy = LearnedPolicy(cost=_cost())
-    (c,) = policy.choose([_view("a")], DRAFTERS)
+    plan = policy.choose([_view("a")], DRAFTERS)
+    (c,) = plan
     # verify 10 ms + (k + 1) scored tokens x 0.1 ms, plus k draft levels x 1 ms for a model drafter
     draft = 0.001 * c.k if c.drafter in ("draft-code", "draft-prose") else 1e-5
-    p = policy.last_prediction
+    p = plan.prediction
     assert c.k > 0 and abs(p.step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
     assert p.verify_s == pytest.approx(0.010 + 1e-4 * (c.k + 1))
-    policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
-    assert policy.last_prediction is None  # nothing chosen by the model: nothing predicted
+    plan = policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
+    assert plan.prediction is None  # nothing chosen by the model: nothing predicted
     # a first step: the verifier prefills the 200-token prompt as well as the k drafted tokens
-    (c,) = policy.choose([RequestView("c", 200, 0, 100, True)], DRAFTERS)
-    assert policy.last_prediction.verify_s == pytest.approx(0.010 + 1e-4 * (200 + c.k))
+    plan = policy.choose([RequestView("c", 200, 0, 100, True)], DRAFTERS)
+    (c,) = plan
+    assert plan.prediction.verify_s == pytest.approx(0.010 + 1e-4 * (200 + c.k))
 
 
 def _generated(rid: str, generated: int) -> RequestView:
@@ -356,13 +361,14 @@ def test_prompt_lookup_rescores_the_new_tokens_and_its_prior_follows_the_recent_
     policy.observe_score("r", PROMPT_LOOKUP, 0, 8)  # the output does not repeat itself yet
     priors = []
     for g in range(policy.cfg.score_after + 1, policy.cfg.score_after + 7):
-        (c,) = policy.choose([_generated("r", g)], {"draft-code", PROMPT_LOOKUP})
+        plan = policy.choose([_generated("r", g)], {"draft-code", PROMPT_LOOKUP})
+        (c,) = plan
         if c.drafter == PROMPT_LOOKUP:
             break
         assert c.score == (PROMPT_LOOKUP,)  # every step, while another drafter drafts
         # in the router, before the verification: which the step still calibrates
-        assert policy.last_prediction is not None
-        assert policy.last_prediction.scoring_work == (0, 0)
+        assert plan.prediction is not None
+        assert plan.prediction.scoring_work == (0, 0)
         policy.observe("r", c, c.k, 0.004, 0.011)
         policy.observe_score("r", PROMPT_LOOKUP, 4, 4)  # now it does: a loop
         priors.append(policy.controller.tracker.get("r", PROMPT_LOOKUP))
@@ -404,10 +410,11 @@ def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_sho
     policy = LearnedPolicy(learned_config({"runner_up_every": 12}), cost=_cost())
 
     def first_step(rid: str) -> StepPrediction:
-        (c,) = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
+        plan = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
+        (c,) = plan
         assert set(c.score) == {"draft-code", "draft-prose"}
-        assert policy.last_prediction is not None
-        return policy.last_prediction
+        assert plan.prediction is not None
+        return plan.prediction
 
     pred = first_step("a")
     assert pred.scoring_work == (2, 600)  # both drafters prefill the 300-token prompt
@@ -425,9 +432,10 @@ def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_sho
     policy.observe("a", StepChoice(PROMPT_LOOKUP, 4), 0, 0.0, 0.08)
     works = []
     for g in range(1, 40):
-        (c,) = policy.choose([RequestView("a", 300 + g, g, 100 - g, True)], DRAFTERS)
-        assert policy.last_prediction is not None
-        works.append((g, c.score, policy.last_prediction.scoring_work))
+        plan = policy.choose([RequestView("a", 300 + g, g, 100 - g, True)], DRAFTERS)
+        (c,) = plan
+        assert plan.prediction is not None
+        works.append((g, c.score, plan.prediction.scoring_work))
         policy.observe("a", c, 0, 0.0, 0.011)
     # the runner-up rounds: draft-prose is fed the output since it last scored
     prose = [(g, w) for g, s, w in works if "draft-prose" in s]

@@ -8,6 +8,7 @@ that is not available is never made: the router would have nothing to run it on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -36,7 +37,7 @@ class StepChoice:
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """The cost model's account of one chosen step (``Policy.last_prediction``)."""
+    """The cost model's account of one chosen step (``StepPlan.prediction``)."""
 
     step_s: float
     """Predicted step seconds: drafting + verification + ``scoring_s`` (drafting and the rest
@@ -51,6 +52,18 @@ class StepPrediction:
     before it)."""
     scoring_s: float = 0.0
     """Predicted seconds those calls add to the verification (in ``step_s``, not ``verify_s``)."""
+
+
+class StepPlan(list):
+    """A policy's answer for one step: one ``StepChoice`` per request, in order (it is that
+    list), and the cost model's account of the step it chose."""
+
+    def __init__(self, choices: Iterable[StepChoice] = (),
+                 prediction: StepPrediction | None = None) -> None:
+        super().__init__(choices)
+        self.prediction = prediction
+        """None without a cost model, or when the policy chose no request's k (every request in
+        mode off, or naming its drafter and k)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +91,9 @@ class RequestView:
 
 
 class Policy(Protocol):
-    def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
-        """One choice per request, in order, using only drafters in ``available``."""
+    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+        """One choice per request, in order, using only drafters in ``available``, and the
+        step's predicted cost."""
         ...
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
@@ -97,7 +111,7 @@ class Policy(Protocol):
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
                      verify_s: float) -> None:
-        """A step the policy predicted (its ``last_prediction`` right after ``choose``) took
+        """A step the policy predicted (its plan's ``prediction``) took
         ``draft_s`` per drafter call and ``verify_s`` for the rest (verification and the router's
         own work), round trips included."""
         ...
@@ -119,8 +133,8 @@ class FixedPolicy:
     fallback: str | None = PROMPT_LOOKUP
     """Used when the wanted drafter is not available (None = k = 0)."""
 
-    def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
-        out = []
+    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+        out = StepPlan()
         for r in requests:
             if r.mode == "off":
                 out.append(StepChoice(None))

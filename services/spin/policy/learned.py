@@ -76,7 +76,7 @@ import math
 import threading
 from collections.abc import Callable
 
-from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
+from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
 from .chain_length import ChainLength
 from .cost_model import CostModel
 from .goodput import SpecLengthController, expected_tokens
@@ -126,16 +126,12 @@ class LearnedPolicy:
         self._fed: dict[str, dict[str, int]] = {}
         """request id -> model drafter -> context length it was last fed (drafting or scoring)"""
         self.scoring_cost = ScoringCost()
-        """What scoring calls add to a step (``scoring_cost.py``), in ``last_prediction``."""
+        """What scoring calls add to a step (``scoring_cost.py``), in the plan's prediction."""
         self.chains = ChainLength()
         """How much of k early-stopping chains draft (``chain_length.py``)."""
         self._own: dict[str, dict[str, list[float]]] = {}
         """request id -> drafter -> [accepted, rejected] draft tokens of its steps since the
         request's last runner-up round"""
-        self.last_prediction: StepPrediction | None = None
-        """The cost model's account of the step last chosen (None without a cost model or when
-        the controller chose no request's k: every one in mode off or naming its drafter and
-        k); read it right after ``choose``."""
         self._stop = threading.Event()
         if population is not None:
             self.refresh()
@@ -160,7 +156,7 @@ class LearnedPolicy:
     def close(self) -> None:
         self._stop.set()
 
-    def choose(self, requests: list[RequestView], available: set[str]) -> list[StepChoice]:
+    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         cands = {r.request_id: self._candidates(r, available)
                  - (set() if r.lookup_match else {PROMPT_LOOKUP})
                  for r in requests if r.mode == "auto"}
@@ -216,14 +212,14 @@ class LearnedPolicy:
         for r, c in zip(requests, out):
             self.chains.chosen(r.request_id, c)
         work = self._scoring_work(requests, out)
-        self.last_prediction = None
+        prediction = None
         if any(policy_k) and self.controller.cost is not None:
             drafts, verify = self.controller.predicted_parts(
                 batch, [self.chains.expected_k(c) for c in out], prefill)
             extra = self.scoring_cost.predict(*work)
-            self.last_prediction = StepPrediction(
+            prediction = StepPrediction(
                 self.controller.step_s(drafts, verify + extra), drafts, verify, work, extra)
-        return out
+        return StepPlan(out, prediction)
 
     def _scoring_work(self, requests: list[RequestView], out: list[StepChoice],
                       ) -> tuple[int, int]:

@@ -215,7 +215,7 @@ class Scheduler:
                              lookup_match=self.cfg.prompt_lookup and r.lookup_index().has_match())
                  for r in reqs]
         choices = self.policy.choose(views, available)
-        prediction = getattr(self.policy, "last_prediction", None)  # this lane's, read at once
+        prediction = choices.prediction
         tracing.start_steps(reqs, choices)  # no-op unless tracing is on
         trees, draft_s, scoring = await self._draft(reqs, choices)
         t1 = time.perf_counter()

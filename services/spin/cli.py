@@ -114,8 +114,8 @@ def _drafter(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from .router.scheduler import SchedulerConfig
-    from .router.server import RouterConfig, run
+    from .router.config import RouterConfig, SchedulerConfig
+    from .router.server import run
 
     _place(args)
     drafters = {}

@@ -8,7 +8,8 @@ from spin.engine.sampling import SamplingParams
 from spin.policy.base import PROMPT_LOOKUP, FixedPolicy, StepChoice
 from spin.router.pool import ReplicaPool
 from spin.router.requests import RouterRequest
-from spin.router.scheduler import Scheduler, SchedulerConfig
+from spin.router.config import SchedulerConfig
+from spin.router.scheduler import Scheduler
 from spin.v1 import verifier_pb2
 
 

@@ -44,7 +44,7 @@ from loadgen.workload import Request, arrival_times, build_workload
 
 from ..cpus import available_cpus, format_cpus, split
 from ..policy.decompose import decompose
-from ..router.scheduler import SchedulerConfig
+from ..router.config import SchedulerConfig
 from ..serve import Child, Embedded, ServeConfig, _spin
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 from .services import _router_times

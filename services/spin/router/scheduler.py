@@ -27,6 +27,7 @@ from ..v1 import drafter_pb2, generation_pb2, token_tree_pb2, verifier_pb2
 from .admission import KVBudget
 from .clients import ServiceDown
 from .pool import ReplicaPool
+from .config import SchedulerConfig
 from .requests import DrafterTally, RouterRequest, TextStream
 from .translated import TranslatedDrafters
 
@@ -34,28 +35,6 @@ log = logging.getLogger(__name__)
 VERIFIER = "verifier"
 PROMPT_SCORE_POSITIONS = 512
 """Prompt positions (its tail) a drafter scores at a request's first step."""
-
-
-@dataclass
-class SchedulerConfig:
-    """Batching and failure handling of the router."""
-
-    max_batch: int = 32
-    """Requests decoding at once (capped by the verifier's cache slots)."""
-    max_queue: int = 256
-    """Requests waiting beyond the batch; more are refused with RESOURCE_EXHAUSTED."""
-    draft_timeout_s: float = 5.0
-    """A drafter slower than this is treated as down for the step."""
-    verify_timeout_s: float = 120.0
-    """A verification call slower than this fails the stream (then retried)."""
-    verifier_outage_s: float = 30.0
-    """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long."""
-    micro_batches: int = 1
-    """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
-    pipeline); 1 = draft, then verify, the whole batch."""
-    prompt_lookup: bool = True
-    """Offer prompt lookup (model-free drafts from the request's own context, computed here in the
-    router) to the policy."""
 
 
 class QueueFull(RuntimeError):

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import grpc
 from transformers import AutoTokenizer
@@ -27,46 +25,13 @@ from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .admission import KVBudget
 from .clients import ServiceDown
-from .discovery import Endpoints, KubernetesDiscovery, KubernetesDiscoveryConfig
+from .discovery import Endpoints, KubernetesDiscovery
 from .pool import ReplicaPool
 from .requests import RouterRequest
-from .scheduler import QueueFull, RequestError, Scheduler, SchedulerConfig
+from .config import RouterConfig
+from .scheduler import QueueFull, RequestError, Scheduler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RouterConfig:
-    """What the router connects to and how it decides."""
-
-    verifier: str | None
-    """Verifier address (host:port); None with Kubernetes discovery."""
-    tokenizer: str
-    """The target's tokenizer: its checkpoint directory or Hugging Face name."""
-    drafters: dict[str, str] = field(default_factory=dict)
-    """Drafter name -> address (static discovery)."""
-    default_drafter: str | None = PROMPT_LOOKUP
-    """The fixed policy's drafter for requests in mode auto (None: no speculation)."""
-    default_k: int = 4
-    """The fixed policy's k."""
-    redis_url: str | None = None
-    """Acceptance statistics store; None = in process."""
-    policy: Literal["fixed", "learned"] = "learned"
-    """'learned': per-request bandit over drafters + goodput-chosen k; 'fixed': default_drafter
-    and default_k for every request."""
-    cost_model: str | None = None
-    """The fitted cost model (``spin profile``) for the learned policy; None or missing = its
-    batch-size -> k table."""
-    rpc_overhead_s: float = 0.0015
-    """Round-trip time the router adds to each drafter and verifier call (the profile measures
-    compute in process); added to the cost model's fixed terms."""
-    policy_config: dict = field(default_factory=dict)
-    """Overrides of the learned policy's settings (``policy.learned_config.learned_config``), e.g.
-    ``{"score_rounds": 2, "selector": {"ucb_c": 0.1}}``."""
-    kubernetes: KubernetesDiscoveryConfig | None = None
-    """Find drafter and verifier replicas through the Kubernetes API (instead of the static
-    addresses above)."""
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):

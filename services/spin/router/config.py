@@ -1,0 +1,70 @@
+"""What the router connects to and how it decides: its configuration, in one place.
+
+``RouterConfig`` is what ``spin router`` runs with (``cli.py`` builds it from flags;
+``spin serve`` embeds one); ``SchedulerConfig`` its batching and failure handling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..policy.base import PROMPT_LOOKUP
+from .discovery import KubernetesDiscoveryConfig
+
+
+@dataclass
+class SchedulerConfig:
+    """Batching and failure handling of the router."""
+
+    max_batch: int = 32
+    """Requests decoding at once (capped by the verifier's cache slots)."""
+    max_queue: int = 256
+    """Requests waiting beyond the batch; more are refused with RESOURCE_EXHAUSTED."""
+    draft_timeout_s: float = 5.0
+    """A drafter slower than this is treated as down for the step."""
+    verify_timeout_s: float = 120.0
+    """A verification call slower than this fails the stream (then retried)."""
+    verifier_outage_s: float = 30.0
+    """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long."""
+    micro_batches: int = 1
+    """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
+    pipeline); 1 = draft, then verify, the whole batch."""
+    prompt_lookup: bool = True
+    """Offer prompt lookup (model-free drafts from the request's own context, computed here in the
+    router) to the policy."""
+
+
+
+@dataclass
+class RouterConfig:
+    """What the router connects to and how it decides."""
+
+    verifier: str | None
+    """Verifier address (host:port); None with Kubernetes discovery."""
+    tokenizer: str
+    """The target's tokenizer: its checkpoint directory or Hugging Face name."""
+    drafters: dict[str, str] = field(default_factory=dict)
+    """Drafter name -> address (static discovery)."""
+    default_drafter: str | None = PROMPT_LOOKUP
+    """The fixed policy's drafter for requests in mode auto (None: no speculation)."""
+    default_k: int = 4
+    """The fixed policy's k."""
+    redis_url: str | None = None
+    """Acceptance statistics store; None = in process."""
+    policy: Literal["fixed", "learned"] = "learned"
+    """'learned': per-request bandit over drafters + goodput-chosen k; 'fixed': default_drafter
+    and default_k for every request."""
+    cost_model: str | None = None
+    """The fitted cost model (``spin profile``) for the learned policy; None or missing = its
+    batch-size -> k table."""
+    rpc_overhead_s: float = 0.0015
+    """Round-trip time the router adds to each drafter and verifier call (the profile measures
+    compute in process); added to the cost model's fixed terms."""
+    policy_config: dict = field(default_factory=dict)
+    """Overrides of the learned policy's settings (``policy.learned_config.learned_config``), e.g.
+    ``{"score_rounds": 2, "selector": {"ucb_c": 0.1}}``."""
+    kubernetes: KubernetesDiscoveryConfig | None = None
+    """Find drafter and verifier replicas through the Kubernetes API (instead of the static
+    addresses above)."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

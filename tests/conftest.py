@@ -42,9 +42,11 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
 def serving(tmp_path_factory: pytest.TempPathFactory):
     """The embedded deployment (verifier, one drafter per draft model, router, redis-server) as
     real processes on loopback ports, shared by the service tests."""
+    from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
-    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"), max_batch=32))
+    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"),
+                               router=RouterConfig(scheduler=SchedulerConfig(max_batch=32))))
     emb.start()
     assert emb.redis is not None, "the service tests need redis-server (make test installs it)"
     yield emb

@@ -1,5 +1,6 @@
 """The ``spin`` console script, run as a real subprocess."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -11,6 +12,25 @@ SPIN = [sys.executable, "-m", "spin.cli"]
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SPIN, *args], capture_output=True, text=True, timeout=600)
+
+
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {name: sp for a in p._actions if isinstance(a, argparse._SubParsersAction)
+            for name, sp in a.choices.items()}
+
+
+def test_every_command_has_help() -> None:
+    """``spin --help`` and ``spin <command> [<subcommand>] --help``, each from its own parser."""
+    from spin.cli import parser
+
+    commands = [()]
+    for name, sp in _subcommands(parser()).items():
+        commands += [(name,)] + [(name, sub) for sub in _subcommands(sp)]
+    assert len(commands) > 15 and ("bench", "policy") in commands and ("serve",) in commands
+    for cmd in commands:
+        r = run(*cmd, "--help")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(" ".join(("usage: spin", *cmd))), r.stdout
 
 
 def test_generate_streams_and_reports_speed(serving) -> None:

@@ -18,6 +18,7 @@ import grpc
 import pytest
 from service_helpers import collect, request
 
+from spin.router.config import RouterConfig, SchedulerConfig
 from spin.serve import Embedded, ServeConfig
 from spin.v1 import generation_pb2, generation_pb2_grpc
 
@@ -138,9 +139,10 @@ def test_split_cores_pin_each_service_and_pipeline_losslessly(tmp_path: Path) ->
     from spin.cpus import available_cpus, split
 
     side, own = split(available_cpus())
+    router = RouterConfig(policy="fixed", default_drafter="draft-code",
+                          scheduler=SchedulerConfig(micro_batches=2))
     with Embedded(ServeConfig(port=0, drafters=["draft-code"], redis=False, log_dir=tmp_path,
-                              policy="fixed", default_drafter="draft-code", micro_batches=2,
-                              cpus="split")) as emb:
+                              router=router, cpus="split")) as emb:
         placed = {c.role: sorted(os.sched_getaffinity(c.proc.pid)) for c in emb.children}
         assert placed == {"verifier": own, "drafter-draft-code": side, "router": side}
         assert f"--threads {len(own)} " in " ".join(emb.child("verifier", "verifier").proc.args)

@@ -183,7 +183,7 @@ def plan_deployment(target: str, drafter_models: dict[str, str], runner: RunnerC
                     drafter_kv_cache_memory: int | None = None, gpu_memory: int | None = None,
                     drafter_quantize: str = "none") -> list[ServicePlan]:
     """The verifier and every drafter on one machine (one GPU on CUDA), with the model flags
-    ``spin serve`` passes them (``serve.model_argv``): shares of ``--gpu-memory-utilization``."""
+    ``spin serve`` passes them (``serve.service_runner``): shares of ``--gpu-memory-utilization``."""
     from .serve import VERIFIER_GPU_SHARE
 
     shares = VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models))

@@ -22,14 +22,18 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .cpus import available_cpus, format_cpus, split
+from .cli.flags import runner_argv, server_argv
+from .cli.services import router_argv
+from .cpus import available_cpus, split
 from .engine.memory import resolve_device
 from .engine.model_runner import RunnerConfig
 from .engine.quant import resolve as resolve_quantize
+from .router.config import RouterConfig
+from .rpc.serving import ServerConfig
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -62,19 +66,13 @@ class ServeConfig:
     """The router's Prometheus port (0 = a free one, printed)."""
     drafters: list[str] | None = None
     """Draft models to start (default: every draft model in the family)."""
-    default_drafter: str = "prompt-lookup"
-    """The router's fixed-policy drafter for requests that do not name one."""
-    default_k: int = 4
-    max_batch: int = 32
-    max_queue: int = 256
-    micro_batches: int = 1
-    """Micro-batches in flight in the router (2 = drafting overlaps verification)."""
-    policy: str = "learned"
-    """The router's policy: 'learned' or 'fixed' (default_drafter, default_k)."""
-    policy_config: str | None = None
-    """JSON overrides of the learned policy's settings (the router's ``--policy-config``)."""
-    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
-    """The learned policy's cost model; measured by ``spin profile --quick`` when missing."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The router's policy, default drafter and k, batching and cost model, as ``spin router``
+    takes them (``cli.services.router_argv`` passes them on). ``serve`` fills in ``verifier``
+    and ``drafters`` with the services it starts, ``tokenizer`` when '' with the target's,
+    ``redis_url`` when it starts a redis-server, and ``cost_model`` when None with
+    ``DEFAULT_COST_MODEL``: the learned policy's cost model, measured by ``spin profile --quick``
+    when missing or measured for other models."""
     redis: bool = True
     """Start a redis-server for statistics when the binary exists."""
     log_dir: Path = field(default_factory=lambda: BUILD_DIR.parent / "serve")
@@ -179,21 +177,25 @@ def _spin(*args: str) -> list[str]:
     return [sys.executable, "-m", "spin", *args]
 
 
+DEFAULT_COST_MODEL = BUILD_DIR.parent / "cost_model.json"
+"""The learned policy's cost model when ``ServeConfig.router.cost_model`` is None."""
+
 VERIFIER_GPU_SHARE = 0.75
 """On one GPU shared by every service, the verifier's share of ``--gpu-memory-utilization``;
 the drafters split the rest equally."""
 
 
-def model_argv(runner: RunnerConfig, kv_cache_memory: int | None, gpu_share: float) -> list[str]:
-    """A service's model flags (``cli.model_flags``) for ``runner``."""
-    argv = ["--device", runner.device, "--dtype", runner.dtype, "--max-seqs",
-            str(runner.max_seqs), "--block-size", str(runner.block_size),
-            "--gpu-memory-utilization", f"{runner.gpu_memory_utilization * gpu_share:.4f}"]
-    if kv_cache_memory is not None:
-        argv += ["--kv-cache-memory", str(kv_cache_memory)]
-    if runner.max_model_len is not None:
-        argv += ["--max-model-len", str(runner.max_model_len)]
-    return argv
+def service_runner(runner: RunnerConfig, kv_cache_memory: int | None, gpu_share: float,
+                   quantize: str = "none") -> RunnerConfig:
+    """``runner`` for one service on the shared machine: its own KV cache budget and weights,
+    and ``gpu_share`` of ``gpu_memory_utilization`` (to 4 decimals, as ``plan`` plans it)."""
+    return replace(runner, kv_cache_memory=kv_cache_memory, quantize=quantize,
+                   gpu_memory_utilization=float(f"{runner.gpu_memory_utilization * gpu_share:.4f}"))
+
+
+def cost_model_path(cfg: ServeConfig) -> Path:
+    """The cost model file the router of ``cfg`` plans with."""
+    return Path(cfg.router.cost_model) if cfg.router.cost_model else DEFAULT_COST_MODEL
 
 
 def drafter_quantization(cfg: ServeConfig) -> str:
@@ -239,71 +241,79 @@ class Embedded:
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         env.pop("OTEL_SERVICE_NAME", None)  # each child's default names its role
         env.update(cfg.env)
-        redis_url = None
-        if cfg.redis:
-            from .stats.redis_server import RedisServer, find_redis_server
-            if find_redis_server():
-                self.redis = RedisServer()
-                self.redis.start()
-                redis_url = self.redis.url
-            else:
-                print("warning: no redis-server binary found; acceptance statistics stay in the "
-                      "router's memory (install redis-server to share them)", file=sys.stderr)
+        redis_url = self._start_redis()
         try:
             target, drafter_models = models(cfg)
             quantize = drafter_quantization(cfg)
-            verifier_threads, side_cpus, verifier_cpus = cfg.threads, (), ()
+            verifier_threads, side_cpus, verifier_cpus = cfg.threads, None, None
             if cfg.cpus == "split":
-                side, own = split(available_cpus())
-                side_cpus = ("--cpus", format_cpus(side))
-                verifier_cpus = ("--cpus", format_cpus(own))
-                verifier_threads = len(own)
-            served = {"target": target, "drafters": drafter_models, "device": cfg.runner.device,
-                      "dtype": cfg.runner.dtype}
-            stale = _cost_model_stale(cfg.cost_model, quantize, verifier_threads, served)
-            if cfg.policy == "learned" and stale:
-                print(f"measuring this machine for the cost model ({cfg.cost_model}: {stale}) ...",
-                      flush=True)
-                subprocess.run(_spin("profile", "--quick", "--target", target, *(
-                    a for n, m in drafter_models.items() for a in ("--drafter", f"{n}={m}")),
-                    "--device", cfg.runner.device, "--dtype", cfg.runner.dtype, "--out",
-                    str(cfg.cost_model), "--threads", str(verifier_threads),
-                    "--drafter-threads", str(cfg.drafter_threads), "--drafter-quantize",
-                    quantize), check=True, env=env)
-            gpu_share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
-            threads = ("--threads", str(verifier_threads), "--metrics-port", "0", *verifier_cpus,
-                       *model_argv(cfg.runner, cfg.runner.kv_cache_memory, gpu_share[0]))
-            drafter_flags = ("--threads", str(cfg.drafter_threads), "--metrics-port", "0",
-                             "--quantize", quantize, *side_cpus,
-                             *model_argv(cfg.runner, cfg.drafter_kv_cache_memory, gpu_share[1]))
-            self.children.append(Child("verifier", _spin("verifier", "--model", target,
-                                                         "--port", "0", *threads), cfg.log_dir, env))
+                side_cpus, verifier_cpus = split(available_cpus())
+                verifier_threads = len(verifier_cpus)
+            cost_model = cost_model_path(cfg)
+            if cfg.router.policy == "learned":
+                self._measure(cost_model, target, drafter_models, quantize, verifier_threads, env)
+            share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
+            loopback = ServerConfig(port=0, metrics_port=0)
+            verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
+            self.children.append(Child("verifier", _spin(
+                "verifier", "--model", target, "--threads", str(verifier_threads),
+                *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
+            drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)
             for name, model in drafter_models.items():
                 self.children.append(Child(f"drafter-{name}", _spin(
-                    "drafter", "--model", model, "--name", name, "--port", "0",
-                    *drafter_flags), cfg.log_dir, env))
+                    "drafter", "--model", model, "--name", name, "--threads",
+                    str(cfg.drafter_threads), *server_argv(loopback, side_cpus),
+                    *runner_argv(drafter)), cfg.log_dir, env))
             for c in self.children:
                 c.wait_ready(timeout_s)
-            argv = ["router", "--verifier", f"127.0.0.1:{self.children[0].port}",
-                    "--tokenizer", target, "--host", cfg.host, "--port", str(cfg.port),
-                    "--metrics-port", str(cfg.metrics_port), "--default-drafter",
-                    cfg.default_drafter, "--default-k", str(cfg.default_k),
-                    "--max-batch", str(cfg.max_batch), "--max-queue", str(cfg.max_queue),
-                    "--micro-batches", str(cfg.micro_batches), *side_cpus]
-            argv += ["--policy", cfg.policy, "--cost-model", str(cfg.cost_model)]
-            if cfg.policy_config:
-                argv += ["--policy-config", cfg.policy_config]
-            for c in self.children[1:]:
-                argv += ["--drafter", f"{c.role.removeprefix('drafter-')}=127.0.0.1:{c.port}"]
-            if redis_url:
-                argv += ["--redis-url", redis_url]
-            self.router = Child("router", _spin(*argv), cfg.log_dir, env)
+            router = replace(
+                cfg.router, verifier=f"127.0.0.1:{self.children[0].port}",
+                tokenizer=cfg.router.tokenizer or target, cost_model=str(cost_model),
+                drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
+                          for c in self.children[1:]},
+                redis_url=redis_url or cfg.router.redis_url)
+            server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
+            self.router = Child("router", _spin("router", *router_argv(router),
+                                                *server_argv(server, side_cpus)), cfg.log_dir, env)
             self.router.wait_ready(timeout_s)
             self.children.append(self.router)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_redis(self) -> str | None:
+        """Start a redis-server for the statistics (``cfg.redis``, when the binary exists): its
+        URL, else None."""
+        if not self.cfg.redis:
+            return None
+        from .stats.redis_server import RedisServer, find_redis_server
+
+        if not find_redis_server():
+            print("warning: no redis-server binary found; acceptance statistics stay in the "
+                  "router's memory (install redis-server to share them)", file=sys.stderr)
+            return None
+        self.redis = RedisServer()
+        self.redis.start()
+        return self.redis.url
+
+    def _measure(self, cost_model: Path, target: str, drafter_models: dict[str, str],
+                 quantize: str, verifier_threads: int, env: dict[str, str]) -> None:
+        """Profile this machine into ``cost_model`` when it is missing or measured for other
+        models, weights or threads (``_cost_model_stale``)."""
+        cfg = self.cfg
+        served = {"target": target, "drafters": drafter_models, "device": cfg.runner.device,
+                  "dtype": cfg.runner.dtype}
+        stale = _cost_model_stale(cost_model, quantize, verifier_threads, served)
+        if not stale:
+            return
+        print(f"measuring this machine for the cost model ({cost_model}: {stale}) ...", flush=True)
+        subprocess.run(_spin("profile", "--quick", "--target", target, *(
+            a for n, m in drafter_models.items() for a in ("--drafter", f"{n}={m}")),
+            "--device", cfg.runner.device, "--dtype", cfg.runner.dtype, "--out",
+            str(cost_model), "--threads", str(verifier_threads),
+            "--drafter-threads", str(cfg.drafter_threads), "--drafter-quantize",
+            quantize), check=True, env=env)
 
     def stop(self, grace_s: float = 30.0) -> None:
         for c in sorted(self.children, key=lambda c: c.role != "router"):  # router first: drain

@@ -10,6 +10,7 @@ import pytest
 
 from spin.bench.policy import (PolicyBenchConfig, _best_fixed, _held_out, _medians, _oracle,
                                _pipeline, _shared_cores)
+from spin.router.config import RouterConfig
 from spin.serve import Embedded, ServeConfig
 
 # seconds[config][pass][request]: "a" is truly faster on request 0 and "b" on request 1, but in
@@ -46,7 +47,8 @@ def test_pipeline_section_on_a_small_batch(tmp_path: Path, family_dir: Path) -> 
     steps are counted per request (the same in every run), and a step is wall time over them."""
     cfg = SmallBatch(family_dir=family_dir, new_tokens=12)
     with Embedded(ServeConfig(family_dir=family_dir, port=0, drafters=["draft-code"],
-                              policy="fixed", redis=False, log_dir=tmp_path / "shared")) as emb:
+                              router=RouterConfig(policy="fixed"), redis=False,
+                              log_dir=tmp_path / "shared")) as emb:
         shared = _shared_cores(emb, cfg)
     assert set(shared) == {"one", "two"} and shared["one"][0] == shared["two"][0]
     report, mismatches = _pipeline(cfg, tmp_path, shared)

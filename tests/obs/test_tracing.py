@@ -28,6 +28,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from service_helpers import request
 
 from spin.obs import tracing
+from spin.router.config import RouterConfig
 from spin.serve import Embedded, ServeConfig
 from spin.v1 import generation_pb2, generation_pb2_grpc
 
@@ -128,7 +129,8 @@ def _embedded(log_dir: Path, port: int, **env: str) -> Embedded:
     """Router, draft-code, verifier and Redis exporting to the receiver on ``port``; the fixed
     policy sends requests in mode auto to draft-code too."""
     return Embedded(ServeConfig(
-        port=0, drafters=[DRAFTER], policy="fixed", default_drafter=DRAFTER, default_k=3,
+        port=0, drafters=[DRAFTER],
+        router=RouterConfig(policy="fixed", default_drafter=DRAFTER, default_k=3),
         log_dir=log_dir, env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
                               "OTEL_BSP_SCHEDULE_DELAY": "200", **env}))
 
@@ -381,6 +383,36 @@ def test_router_step_is_the_parent_of_service_task_spans(memory: InMemorySpanExp
         step.context.span_id]
     assert [ln.context.span_id for ln in task.links] == [batch.context.span_id]
     assert step.attributes["spin.accepted"] == 1 and gen.attributes["spin.cancelled"] is True
+
+
+def test_request_span_takes_the_outcome_of_the_plain_stream(
+        memory: InMemorySpanExporter) -> None:
+    """The router's stream events (``router/streaming.py``): the last chunk's totals, or the
+    error status a ``RequestError`` maps to."""
+    from spin.router.accounting import StepInfo
+    from spin.router.streaming import Chunk, DrafterUsage, SpeculationStats, Usage
+
+    assert tracing.setup("spin-test", exporter=memory)
+    step = StepInfo("d", 2, 2, 1, 0.01, 0.0, 1)
+    done, failed = _router_request("done"), _router_request("failed")
+    done.trace, failed.trace = tracing.RequestTrace.start(done), tracing.RequestTrace.start(failed)
+    done.trace.observe(Chunk("done", [4, 5], "45", step))  # not the last: nothing yet
+    done.trace.observe(Chunk("done", [6], "6", step, "length", Usage(3, 3),
+                             SpeculationStats(2, 1, 2, 1, 1.5, (DrafterUsage("d", 1, 2, 1),))))
+    failed.trace.fail(grpc.StatusCode.UNAVAILABLE, "verifier unreachable")
+    done.trace.end()
+    failed.trace.end()
+    tracing.shutdown()
+    spans = {s.attributes["spin.request_id"]: s for s in memory.get_finished_spans()}
+    ok, bad = spans["done"], spans["failed"]
+    assert ok.attributes["spin.finish_reason"] == "length"
+    assert (ok.attributes["spin.completion_tokens"], ok.attributes["spin.steps"],
+            ok.attributes["spin.steps_without_speculation"], ok.attributes["spin.tau"]) == (
+        3, 2, 1, 1.5)
+    assert "spin.cancelled" not in ok.attributes and ok.status.is_ok
+    assert bad.attributes["rpc.grpc.status_code"] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert bad.status.description == "UNAVAILABLE: verifier unreachable"
+    assert "spin.cancelled" not in bad.attributes
 
 
 def test_service_name_from_the_environment(memory: InMemorySpanExporter,

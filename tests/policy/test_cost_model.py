@@ -125,6 +125,15 @@ def test_predictions() -> None:
     assert m.has_drafter(PROMPT_LOOKUP) and m.has_drafter("big") and not m.has_drafter("nope")
 
 
+def test_a_padded_forward_costs_every_request_the_longest_rows_and_context() -> None:
+    m = CostModel(verify=(0.01, 1e-3, 1e-4, 1e-6, 1e-8))
+    # 3 requests padded to 200 new tokens and 500 of context: 600 rows over 1500 context tokens
+    assert m.predict_padded_verify(3, 200, 500) == pytest.approx(m.predict_verify(3, 600, 1500))
+    assert m.predict_padded_verify(3, 200, 500) == pytest.approx(
+        0.01 + 3e-3 + 600e-4 + 1500e-6 + 600 * 500e-8)
+    assert isinstance(m.predict_padded_verify(1, 1, 1), float)
+
+
 def test_ragged_draft_reduces_to_uniform() -> None:
     m = _model()
     ctx = [100, 2000, 700]

@@ -441,3 +441,13 @@ def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_sho
     prose = [(g, w) for g, s, w in works if "draft-prose" in s]
     every = policy.cfg.runner_up_every
     assert prose == [(every, (1, every)), (2 * every, (1, every)), (3 * every, (1, every))]
+
+
+def test_a_request_has_state_from_first_sight_to_its_release() -> None:
+    policy = LearnedPolicy(cost=_cost())
+    policy.observe_score("early", "draft-code", 3, 4)  # a report before its first step
+    policy.choose([_view("a"), _view("b", "off")], DRAFTERS)
+    assert policy.active_requests() == 3
+    for rid in ("a", "b", "early", "never-seen"):
+        policy.release(rid)
+    assert policy.active_requests() == 0

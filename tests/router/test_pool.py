@@ -1,4 +1,5 @@
-"""ReplicaPool: pinning, spreading, moving off departed or failed replicas, release routing.
+"""ReplicaPool: pinning, spreading, moving off departed or failed replicas, release routing; and
+the typed facades over it (``services.py``): plain tasks in, plain results out.
 
 The replicas here are in-process stand-ins that keep contexts the way a drafter or verifier does
 (keep + delta, resync when ``keep`` tokens are not held), so the tests see what a real replica
@@ -10,10 +11,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
+from spin.engine.sampling import SamplingParams
+from spin.engine.tree import TokenTree
 from spin.router.clients import ServiceDown
 from spin.router.pool import ReplicaPool
-from spin.v1 import verifier_pb2
+from spin.router.services import (DraftTask, DrafterClient, DrafterClients, VerifierClient,
+                                  VerifyReply, VerifyResult, VerifyTask)
+from spin.rpc.convert import ReceivedTree, sampling_from_proto, tree_from_proto, tree_to_proto
+from spin.v1 import drafter_pb2, token_tree_pb2, verifier_pb2
 
 
 class ContextBook:
@@ -213,4 +220,104 @@ def test_an_empty_pool_is_unavailable_and_fails_calls() -> None:
             await Router(pool).step(["r0"])
         with pytest.raises(ServiceDown):
             await pool.info()
+    run(go())
+
+
+# ---- the typed facades over a pool (services.py) --------------------------------------------------
+class DraftReplica:
+    """A drafter replica answering prepared results (``spin.v1`` messages) by request id."""
+
+    def __init__(self, answers: dict[str, drafter_pb2.DraftResult]) -> None:
+        self.answers = answers
+        self.calls: list[drafter_pb2.SpeculateRequest] = []
+        self.available = True
+
+    async def call(self, batch, timeout_s=None):
+        self.calls.append(batch)
+        return drafter_pb2.SpeculateResponse(
+            results=[self.answers.get(t.request_id, drafter_pb2.DraftResult(
+                request_id=t.request_id)) for t in batch.tasks], draft_seconds=0.02)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_the_verifier_facade_takes_and_gives_plain_types() -> None:
+    async def go():
+        pool, made = pool_of("a:1")
+        verifier = VerifierClient(pool)
+        sampling = SamplingParams(temperature=0.5, top_k=3, seed=11)
+        keep = verifier.route("r0", 5)
+        assert keep == 0  # new to the replica: the whole context
+        reply = await verifier.verify([VerifyTask("r0", keep, [1, 2, 3], TokenTree.chain([4, 5]),
+                                                  sampling, "tp", "ts")], set())
+        assert reply == VerifyReply([VerifyResult("r0", [7], 0)], 0.01, 0, 0)
+        (batch,) = made["a:1"].calls
+        (task,) = batch.tasks
+        assert (task.request_id, task.keep, list(task.context_delta)) == ("r0", 0, [1, 2, 3])
+        assert (list(task.tree.tokens), list(task.tree.parents)) == ([4, 5], [-1, 0])
+        assert sampling_from_proto(task.sampling) == sampling
+        assert (task.traceparent, task.tracestate) == ("tp", "ts")
+        reply = await verifier.verify([], {"r0"})  # a release-only call
+        assert reply.results == [] and list(made["a:1"].calls[-1].release) == ["r0"]
+        assert "r0" not in made["a:1"].book
+    run(go())
+
+
+def test_draft_probabilities_pass_to_the_verifier_as_they_came() -> None:
+    """A sampled draft's probability rows are not decoded in the router: the verifier gets the
+    drafter's bytes; a malformed tree costs only its own request the draft."""
+    probs = torch.softmax(torch.randn(2, 40, generator=torch.Generator().manual_seed(0)), -1)
+    sent = tree_to_proto(TokenTree.chain([5, 6], probs.half()))
+    answers = {
+        "sampled": drafter_pb2.DraftResult(request_id="sampled", tree=sent),
+        "greedy": drafter_pb2.DraftResult(request_id="greedy", tree=token_tree_pb2.TokenTree(
+            tokens=[8], parents=[-1])),
+        "disordered": drafter_pb2.DraftResult(request_id="disordered", tree=token_tree_pb2.TokenTree(
+            tokens=[1, 2], parents=[1, -1])),
+        "rows": drafter_pb2.DraftResult(request_id="rows", tree=token_tree_pb2.TokenTree(
+            tokens=[1, 2], parents=[-1, 0], probs=sent.probs[:1])),
+        "resync": drafter_pb2.DraftResult(request_id="resync", resync=True),
+        "scored": drafter_pb2.DraftResult(request_id="scored", score_matches=3, score_positions=4),
+    }
+
+    async def go():
+        replica = DraftReplica(answers)
+        drafter = DrafterClient(ReplicaPool("d", "drafter", ["d:1"], client=lambda *_: replica))
+        tasks = [DraftTask(rid, 0, [1, 2], 2, SamplingParams(temperature=1.0), score=rid == "scored")
+                 for rid in answers]
+        reply = await drafter.draft(tasks, set())
+        got = {r.request_id: r for r in reply.results}
+        assert [r.request_id for r in reply.results] == list(answers) and reply.draft_seconds == 0.02
+        tree = got["sampled"].tree
+        assert isinstance(tree, ReceivedTree) and tree.tokens == (5, 6) and tree.draft_probs is None
+        assert got["greedy"].tree == TokenTree.chain([8]) and not isinstance(got["greedy"].tree,
+                                                                               ReceivedTree)
+        assert got["disordered"].tree is None and got["rows"].tree is None
+        assert got["resync"].resync and got["resync"].tree is None
+        assert (got["scored"].score_matches, got["scored"].score_positions) == (3, 4)
+        assert replica.calls[0].tasks[-1].score and not replica.calls[0].tasks[0].score
+        pool, made = pool_of("v:1")
+        await VerifierClient(pool).verify([VerifyTask("sampled", 0, [1, 2], tree,
+                                                      SamplingParams(temperature=1.0))], set())
+        (task,) = made["v:1"].calls[0].tasks
+        assert task.tree == sent  # the drafter's rows, byte for byte
+        back = tree_from_proto(task.tree, 40)
+        assert torch.equal(back.draft_probs, probs.half())
+    run(go())
+
+
+def test_drafter_clients_follow_the_pools() -> None:
+    async def go():
+        pools = {"a": ReplicaPool("a", "drafter")}
+        clients = DrafterClients(pools)
+        first = clients["a"]
+        assert list(clients) == ["a"] and clients["a"] is first and first.pool is pools["a"]
+        pools["b"] = ReplicaPool("b", "drafter")  # discovery added a drafter
+        assert set(clients) == {"a", "b"} and clients["b"].pool is pools["b"]
+        pools["a"] = ReplicaPool("a", "drafter")  # replaced
+        assert clients["a"].pool is pools["a"]
+        del pools["b"]  # refused by the tokenizer check
+        assert "b" not in clients and len(clients) == 1 and clients.get("b") is None
+        assert not clients["a"].available  # no replicas yet
     run(go())

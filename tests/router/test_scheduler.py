@@ -1,62 +1,608 @@
-"""Scheduler pieces that need no services: the prompt-lookup scoring of a request's output."""
+"""``Scheduler.step`` over in-process fakes of the services, answering from a toy model.
+
+The toy target emits ``(last + 1) % V`` after any context; a toy drafter proposes a chain that is
+right for its first ``right`` tokens, then wrong. The fakes keep each request's context by
+``(keep, delta)`` the way a drafter or verifier does (resync when they do not hold ``keep``
+tokens), so every output can be checked token by token against the target decoding alone.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
+from prometheus_client import REGISTRY
 
 from spin.engine.sampling import SamplingParams
-from spin.policy.base import PROMPT_LOOKUP, FixedPolicy, StepChoice
-from spin.router.pool import ReplicaPool
-from spin.router.requests import RouterRequest
+from spin.engine.tree import TokenTree
+from spin.policy.base import (PROMPT_LOOKUP, FixedPolicy, RequestView, StepChoice, StepPlan,
+                              StepPrediction)
+from spin.router.admission import KVBudget
 from spin.router.config import SchedulerConfig
-from spin.router.scheduler import Scheduler
-from spin.v1 import verifier_pb2
+from spin.router.requests import RouterRequest
+from spin.router.scheduler import VERIFIER, Scheduler
+from spin.router.services import (DraftReply, DraftResult, DraftTask, ServiceDown, VerifyReply,
+                                  VerifyResult, VerifyTask)
+from spin.router.streaming import Chunk, RequestError
+
+V = 97
+"""The toy model's vocabulary."""
+
+
+def nxt(last: int, v: int = V) -> int:
+    """The toy target's next token."""
+    return (last + 1) % v
+
+
+def expected(prompt: tuple[int, ...], n: int, v: int = V) -> list[int]:
+    """What the target alone generates after ``prompt``."""
+    out, last = [], prompt[-1]
+    for _ in range(n):
+        last = nxt(last, v)
+        out.append(last)
+    return out
+
+
+# ---- the fakes ----------------------------------------------------------------------------------
+class FakeService:
+    """Contexts held per request, pins, the calls received and the releases taken."""
+
+    def __init__(self, v: int = V) -> None:
+        self.v = v
+        self.held: dict[str, list[int]] = {}
+        self.pins: set[str] = set()
+        self.calls: list[tuple[list, set[str]]] = []
+        self.released: list[str] = []
+        self.available = True
+        self.fail = 0
+        """Calls to fail (ServiceDown) from now on."""
+        self.forget: set[str] = set()
+        """Requests whose context is lost before the next call (a restart): they resync."""
+
+    def route(self, request_id: str, keep: int) -> int:
+        if request_id in self.pins:
+            return keep
+        self.pins.add(request_id)
+        return 0
+
+    async def _call(self, tasks: list, release: set[str]) -> None:
+        await asyncio.sleep(0)  # like a round trip: other lanes may run meanwhile
+        self.calls.append((list(tasks), set(release)))
+        if self.fail:
+            self.fail -= 1
+            raise ServiceDown("asked to fail")
+        for rid in sorted(release):
+            self.held.pop(rid, None)
+            self.pins.discard(rid)
+            self.released.append(rid)
+
+    def _sync(self, task: DraftTask | VerifyTask) -> list[int] | None:
+        """The context after the task's (keep, delta); None = resync."""
+        if task.request_id in self.forget:
+            self.forget.discard(task.request_id)
+            self.held.pop(task.request_id, None)
+        held = self.held.get(task.request_id)
+        if task.keep > (len(held) if held is not None else 0) or not (task.keep or
+                                                                      task.context_delta):
+            return None
+        ctx = self.held.setdefault(task.request_id, [])
+        del ctx[task.keep:]
+        ctx.extend(task.context_delta)
+        return ctx
+
+    def tasks(self) -> list:
+        return [t for tasks, _ in self.calls for t in tasks]
+
+
+class FakeVerifier(FakeService):
+    """The toy target, verifying greedily; reports KV blocks; can preempt."""
+
+    def __init__(self, v: int = V, free_blocks: int = 0, num_blocks: int = 0) -> None:
+        super().__init__(v)
+        self.free_blocks, self.num_blocks = free_blocks, num_blocks
+        self.preempt: set[str] = set()
+        """Requests to preempt at the next call."""
+
+    async def verify(self, tasks: list[VerifyTask], release: set[str],
+                     timeout_s: float | None = None) -> VerifyReply:
+        await self._call(tasks, release)
+        results = []
+        for t in tasks:
+            ctx = self._sync(t)
+            if ctx is None:
+                results.append(VerifyResult(t.request_id, resync=True))
+            elif t.request_id in self.preempt:
+                self.preempt.discard(t.request_id)
+                results.append(VerifyResult(t.request_id, preempted=True))
+            else:
+                tokens = self._walk(t.tree, ctx[-1])
+                ctx.extend(tokens)
+                results.append(VerifyResult(t.request_id, tokens, len(tokens) - 1))
+        return VerifyReply(results, 0.001, self.free_blocks, self.num_blocks)
+
+    def _walk(self, tree: TokenTree | None, last: int) -> list[int]:
+        """The accepted path of ``tree`` and the target's token after it."""
+        out, node = [], -1
+        while True:
+            want = nxt(last, self.v)
+            out.append(want)
+            child = next((c for c in (tree.children(node) if tree is not None else [])
+                          if tree.tokens[c] == want), None)
+            if child is None:
+                return out
+            node, last = child, want
+
+
+class FakeDrafter(FakeService):
+    """Chains right for their first ``right`` tokens, at most ``length`` long."""
+
+    def __init__(self, right: int, length: int = 1000, v: int = V) -> None:
+        super().__init__(v)
+        self.right, self.length = right, length
+
+    async def draft(self, tasks: list[DraftTask], release: set[str],
+                    timeout_s: float | None = None) -> DraftReply:
+        await self._call(tasks, release)
+        results = []
+        for t in tasks:
+            ctx = self._sync(t)
+            if ctx is None:
+                results.append(DraftResult(t.request_id, resync=True))
+            elif t.k <= 0:
+                n = len(ctx) - t.score_from if t.score else 0
+                results.append(DraftResult(t.request_id, score_matches=n, score_positions=n))
+            else:
+                chain, last = [], ctx[-1]
+                for i in range(min(t.k, self.length)):
+                    last = nxt(last, self.v) if i < self.right else (nxt(last, self.v) + 1) % self.v
+                    chain.append(last)
+                results.append(DraftResult(t.request_id, TokenTree.chain(chain)))
+        return DraftReply(results, 0.002)
 
 
 class Recording(FixedPolicy):
-    def __init__(self) -> None:
-        super().__init__()
+    """The fixed policy, remembering what it was told; ``predict`` attaches a prediction."""
+
+    def __init__(self, drafter: str | None = "fake", k: int = 4,
+                 predict: StepPrediction | None = None, stop_below: float = 0.0) -> None:
+        super().__init__(drafter, k, fallback=None)
+        self.predict, self.stop_below = predict, stop_below
+        self.observed: list[tuple[str, StepChoice, int]] = []
         self.scores: list[tuple[str, int, int]] = []
-        self.observed: list[tuple[StepChoice, int]] = []
+        self.steps: list[StepPrediction] = []
+        self.released: list[str] = []
+
+    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+        plan = super().choose(requests, available)
+        if self.stop_below:
+            plan = StepPlan([StepChoice(c.drafter, c.k, stop_below=self.stop_below)
+                             if c.drafter else c for c in plan])
+        plan.prediction = self.predict
+        return plan
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
-        self.observed.append((choice, accepted))
+        self.observed.append((request_id, choice, accepted))
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         self.scores.append((drafter, matches, positions))
 
+    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
+                     verify_s: float) -> None:
+        self.steps.append(prediction)
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
+
+
+class Store:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, int, int]] = []
+
+    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.records.append((drafter, k, accepted))
+
+    def population(self) -> dict:
+        return {}
+
+
+def scheduler(policy: FixedPolicy | None = None, drafters: dict[str, FakeDrafter] | None = None,
+              verifier: FakeVerifier | None = None, store: Store | None = None,
+              kv: KVBudget | None = None, **cfg) -> Scheduler:
+    cfg.setdefault("prompt_lookup", False)
+    return Scheduler(SchedulerConfig(**cfg), verifier or FakeVerifier(),
+                     drafters if drafters is not None else {"fake": FakeDrafter(2)},
+                     policy or Recording(), lambda ids: " ".join(map(str, ids)), None, store, kv)
+
+
+def request(rid: str, prompt: tuple[int, ...] = (1, 2, 3), max_tokens: int = 20,
+            **kw) -> RouterRequest:
+    return RouterRequest(rid, prompt, max_tokens, SamplingParams(), **kw)
+
+
+async def steps(sched: Scheduler, limit: int = 500) -> int:
+    """Step the whole batch as one micro-batch until nothing is left; the steps taken."""
+    n = 0
+    while (sched.running or sched.waiting) and n < limit:
+        sched.admit()
+        await sched.step(list(sched.running))
+        n += 1
+    return n
+
+
+def events(r: RouterRequest) -> list:
+    out = []
+    while not r.out.empty():
+        out.append(r.out.get_nowait())
+    return out
+
+
+def tokens(chunks: list[Chunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# ---- the step -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("right, k", [(0, 4), (2, 4), (10, 4), (3, 1), (5, 8)])
+def test_speculation_is_lossless(right: int, k: int) -> None:
+    async def go() -> None:
+        sched = scheduler(Recording("fake", k), {"fake": FakeDrafter(right)})
+        spec = [request(f"s{i}", (i, 2 * i, 3 * i), max_tokens=17 + i) for i in range(3)]
+        off = [request(f"o{i}", (i, 2 * i, 3 * i), max_tokens=17 + i, mode="off")
+               for i in range(3)]
+        for r in spec + off:
+            sched.submit(r)
+        await steps(sched)
+        for s, o in zip(spec, off):
+            got, plain = events(s), events(o)
+            assert tokens(got) == tokens(plain) == expected(s.prompt, s.max_tokens)
+            assert got[-1].finish == "length" and len(plain) == s.max_tokens
+            if right:  # accepted drafts: fewer steps than tokens
+                assert len(got) < s.max_tokens
+            for c in got[:-1]:  # the accepted drafts and the target's own token
+                assert len(c.token_ids) == c.step.accepted_tokens + 1 == min(right, k) + 1
+    asyncio.run(go())
+
+
+def test_contexts_sync_by_keep_and_delta() -> None:
+    """Each service gets the prompt once, then only what it lacks: the verifier holds the tokens
+    it verified (nothing to send), a drafter gets the previous step's tokens."""
+    async def go() -> None:
+        drafter, verifier = FakeDrafter(2), FakeVerifier()
+        sched = scheduler(Recording("fake", 4), {"fake": drafter}, verifier)
+        r = request("r", max_tokens=31)
+        sched.submit(r)
+        await steps(sched)
+        chunks, p = events(r), len(r.prompt)
+        sent = verifier.tasks()
+        assert len(sent) == len(chunks) and (sent[0].keep, sent[0].context_delta) == (0, [1, 2, 3])
+        for i, task in enumerate(sent[1:], 1):
+            assert (task.keep, task.context_delta) == (p + len(tokens(chunks[:i])), [])
+        drafted = drafter.tasks()
+        assert 0 < len(drafted) < len(chunks)  # the last steps have no room for a draft
+        assert (drafted[0].keep, drafted[0].context_delta) == (0, [1, 2, 3])
+        for i, task in enumerate(drafted[1:], 1):
+            assert task.keep == p + len(tokens(chunks[:i - 1]))
+            assert task.context_delta == chunks[i - 1].token_ids
+        assert verifier.held["r"] == r.context  # released with its next call
+        assert drafter.held["r"] == r.context[:p + len(tokens(chunks[:len(drafted) - 1]))]
+    asyncio.run(go())
+
+
+def test_a_failed_drafter_costs_one_step_without_speculation() -> None:
+    async def go() -> None:
+        drafter = FakeDrafter(3)
+        sched = scheduler(Recording("flaky", 4), {"flaky": drafter})
+        failures = sample("spin:drafter_failures_total", draft_model="flaky")
+        r = request("r", max_tokens=24)
+        sched.submit(r)
+        await sched.step([r])
+        drafter.fail = 1
+        await sched.step([r])
+        await steps(sched)
+        got = events(r)
+        assert tokens(got) == expected(r.prompt, 24)
+        assert [c.step.drafter for c in got][:3] == ["flaky", "", "flaky"]
+        assert (got[1].step.k, got[1].step.draft_tokens, len(got[1].token_ids)) == (0, 0, 1)
+        assert sample("spin:drafter_failures_total", draft_model="flaky") == failures + 1
+        resent = drafter.tasks()[2]  # after the failure: the whole context again
+        assert resent.keep == 0 and resent.context_delta == r.context[:len(resent.context_delta)]
+        assert len(resent.context_delta) == len(r.prompt) + len(tokens(got[:2]))
+        assert got[-1].speculation.steps_without_speculation == 1
+    asyncio.run(go())
+
+
+def test_resync_resends_the_whole_context_and_changes_nothing() -> None:
+    async def go() -> None:
+        drafter, verifier = FakeDrafter(2), FakeVerifier()
+        sched = scheduler(Recording("fake", 4), {"fake": drafter}, verifier)
+        r = request("r", max_tokens=20)
+        sched.submit(r)
+        await sched.step([r])
+        await sched.step([r])
+        verifier.forget.add("r")  # a restarted verifier: it no longer holds the request
+        drafter.forget.add("r")
+        before = len(r.generated)
+        await sched.step([r])
+        assert len(r.generated) == before  # nothing verified this step, nothing streamed
+        assert VERIFIER not in r.synced and "fake" not in r.synced
+        await sched.step([r])
+        whole = verifier.tasks()[3]
+        assert whole.keep == 0 and len(whole.context_delta) == len(r.prompt) + before
+        await steps(sched)
+        got = events(r)
+        assert tokens(got) == expected(r.prompt, 20) and len(got) == r.steps
+    asyncio.run(go())
+
+
+def test_preempted_request_is_requeued_and_its_output_unchanged() -> None:
+    async def go() -> None:
+        verifier = FakeVerifier()
+        sched = scheduler(Recording("fake", 4), verifier=verifier)
+        a, b = request("a", max_tokens=20), request("b", (5, 6, 7), max_tokens=20)
+        sched.submit(a)
+        sched.submit(b)
+        await sched.step(list(sched.running))
+        verifier.preempt.add("b")
+        held = b.context_len
+        await sched.step(list(sched.running))
+        assert list(sched.waiting) == [b] and sched.running == [a] and b.preemptions == 1
+        assert b.synced[VERIFIER] == held  # the verifier kept its context
+        sched.admit()
+        await sched.step(list(sched.running))
+        again = [t for t in verifier.tasks() if t.request_id == "b"][-1]
+        assert (again.keep, again.context_delta) == (held, [])  # no prefill from the router
+        await steps(sched)
+        for r in (a, b):
+            assert tokens(events(r)) == expected(r.prompt, 20)
+    asyncio.run(go())
+
+
+def test_releases_ride_along_with_the_next_calls() -> None:
+    async def go() -> None:
+        drafter, verifier = FakeDrafter(1), FakeVerifier()
+        policy = Recording("fake", 2)
+        sched = scheduler(policy, {"fake": drafter}, verifier)
+        short, long = request("short", max_tokens=3), request("long", max_tokens=30)
+        sched.submit(short)
+        sched.submit(long)
+        while not short.finished:
+            await sched.step(list(sched.running))
+        calls = len(verifier.calls), len(drafter.calls)
+        assert "short" in policy.released and not verifier.released
+        await sched.step(list(sched.running))
+        (v_tasks, v_release), = verifier.calls[calls[0]:]
+        (d_tasks, d_release), = drafter.calls[calls[1]:]
+        assert v_release == d_release == {"short"}  # with the next batch of each service
+        assert [t.request_id for t in v_tasks] == [t.request_id for t in d_tasks] == ["long"]
+        assert "short" not in verifier.held and "short" not in drafter.held
+    asyncio.run(go())
+
+
+def test_step_info_and_accounting() -> None:
+    async def go() -> None:
+        store = Store()
+        prediction = StepPrediction(0.25, {"acct": 0.1}, 0.15)
+        policy = Recording("acct", 4, predict=prediction)
+        sched = scheduler(policy, {"acct": FakeDrafter(2)}, store=store)
+        before = {n: sample(f"spin:spec_decode_{n}_total", draft_model="acct")
+                  for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+        tokens_before = sample("spin:generation_tokens_total")
+        r = request("r", max_tokens=25)
+        sched.submit(r)
+        n = await steps(sched)
+        got = events(r)
+        spec = got[-1].speculation
+        assert len(got) == n == spec.steps == r.steps and got[-1].usage.completion_tokens == 25
+        assert got[-1].usage.prompt_tokens == 3 and spec.tau == pytest.approx(25 / n)
+        assert sum(c.step.accepted_tokens for c in got) == spec.accepted_tokens
+        assert sum(c.step.draft_tokens for c in got) == spec.draft_tokens
+        assert all(c.step.predicted_step_seconds == pytest.approx(0.25) for c in got)
+        assert all(c.step.batch_size == 1 and c.step.step_seconds > 0 for c in got)
+        drafted = [c for c in got if c.step.drafter == "acct"]
+        assert (spec.drafters[0].drafter, spec.drafters[0].steps) == ("acct", len(drafted))
+        assert spec.steps_without_speculation == n - len(drafted)
+        assert sample("spin:spec_decode_num_drafts_total", draft_model="acct") - \
+            before["num_drafts"] == len(drafted)
+        assert sample("spin:spec_decode_num_draft_tokens_total", draft_model="acct") - \
+            before["num_draft_tokens"] == spec.draft_tokens
+        assert sample("spin:spec_decode_num_accepted_tokens_total", draft_model="acct") - \
+            before["num_accepted_tokens"] == spec.accepted_tokens
+        assert sample("spin:generation_tokens_total") - tokens_before == 25
+        assert store.records == [("acct", c.step.draft_tokens, c.step.accepted_tokens)
+                                 for c in drafted]
+        assert policy.steps == [prediction] * n
+        assert [a for _, _, a in policy.observed] == [c.step.accepted_tokens for c in got]
+    asyncio.run(go())
+
+
+def test_kv_admission_follows_the_verifier_reports() -> None:
+    async def go() -> None:
+        verifier = FakeVerifier(free_blocks=3, num_blocks=100)
+        sched = scheduler(Recording(None), {}, verifier, kv=KVBudget(16, 100, 100))
+        a = request("a", tuple(range(40)), max_tokens=10)
+        b = request("b", tuple(range(1, 41)), max_tokens=10)
+        sched.submit(a)
+        await sched.step([a])
+        assert (sched.kv.free, sched.kv.pending) == (3, 0)  # the reply's count, a verified
+        sched.submit(b)  # 3 blocks and the watermark (1) do not fit in 3 free
+        assert list(sched.waiting) == [b] and sched.running == [a]
+        verifier.free_blocks = 50
+        await sched.step([a])
+        sched.admit()
+        assert sched.running == [a, b] and sched.kv.pending == 3
+        await steps(sched)
+        assert tokens(events(b)) == expected(b.prompt, 10)
+    asyncio.run(go())
+
+
+def test_verifier_outage_fails_the_requests_with_unavailable() -> None:
+    async def go() -> None:
+        verifier = FakeVerifier()
+        sched = scheduler(Recording(None), {}, verifier, verifier_outage_s=0.05)
+        errors = sample("spin:request_errors_total", code="UNAVAILABLE")
+        r = request("r")
+        sched.submit(r)
+        await sched.step([r])
+        verifier.fail = 100
+        await sched.step([r])
+        assert not r.finished and VERIFIER not in r.synced  # whole contexts once it is back
+        await asyncio.sleep(0.06)
+        await sched.step([r])
+        *_, last = events(r)
+        assert isinstance(last, RequestError) and last.code == "unavailable"
+        assert r.finished and sched.running == []
+        assert sample("spin:request_errors_total", code="UNAVAILABLE") == errors + 1
+    asyncio.run(go())
+
 
 def test_prompt_lookup_rounds_score_each_generated_token_once() -> None:
-    policy = Recording()
-    sched = Scheduler(SchedulerConfig(), ReplicaPool("target", "verifier"), {}, policy,
-                      lambda ids: "", None)
-    r = RouterRequest("r", prompt=(1, 2, 3, 4), max_tokens=64, sampling=SamplingParams())
-    probe = [StepChoice(None, score=(PROMPT_LOOKUP,))]
+    async def go() -> None:
+        class Probe(Recording):
+            def choose(self, requests, available):
+                return StepPlan([StepChoice(None, score=(PROMPT_LOOKUP,)) for _ in requests])
 
-    async def rounds() -> None:
-        r.generated += [1, 2, 3, 4, 1]  # the lookup predicts 2, 3, 4, 1 after the first 1
-        await sched._draft([r], probe)
-        r.generated += [2, 3, 9]  # predicts 2 (then 3) correctly, 9 not
-        await sched._draft([r], probe)
-
-    asyncio.run(rounds())
-    assert policy.scores == [(PROMPT_LOOKUP, 4, 5), (PROMPT_LOOKUP, 2, 3)]
-
+        policy = Probe()
+        sched = scheduler(policy, {}, FakeVerifier(v=5), prompt_lookup=True)
+        r = request("r", (1, 2, 3, 4), max_tokens=12)  # then 0 1 2 3 4 0 1 ...: it repeats
+        sched.submit(r)
+        await steps(sched)
+        positions = [p for _, _, p in policy.scores]
+        assert sum(positions) == 11  # every token but the last step's, once
+        assert positions[0] == 0 and set(positions[1:]) == {1}
+        hits = [m for _, m, _ in policy.scores]
+        assert hits[1:3] == [0, 0] and hits[-1] == 1  # 0 and 1 are new; the rest repeats
+    asyncio.run(go())
 
 
 def test_policy_observes_the_length_a_chain_stopped_at() -> None:
     """A chain that stopped early (``stop_below``) counts as the k it drafted: the acceptance
     estimate must see 2 of 2 accepted, not 2 of 8."""
-    policy = Recording()
-    sched = Scheduler(SchedulerConfig(), ReplicaPool("target", "verifier"), {}, policy,
-                      lambda ids: "", None)
-    r = RouterRequest("r", prompt=(1, 2, 3, 4), max_tokens=64, sampling=SamplingParams())
-    sched.submit(r)
-    stopped = StepChoice("draft-code", 8, stop_below=0.1)
-    sched._apply(r, stopped, verifier_pb2.VerifyResult(tokens=[5, 6, 7], num_accepted=2), 2,
-                 0.01, 0.02)
-    tree = StepChoice("draft-code", 3, branching=(2,))  # a tree's node count is no length
-    sched._apply(r, tree, verifier_pb2.VerifyResult(tokens=[8], num_accepted=0), 6, 0.01, 0.02)
-    assert policy.observed == [(StepChoice("draft-code", 2, stop_below=0.1), 2), (tree, 0)]
-    assert r.tallies["draft-code"].draft_tokens == 8 and r.generated == [5, 6, 7, 8]
+    async def go() -> None:
+        policy = Recording("short", 8, stop_below=0.1)
+        sched = scheduler(policy, {"short": FakeDrafter(right=5, length=2)})
+        r = request("r", max_tokens=40)
+        sched.submit(r)
+        await sched.step([r])
+        _, choice, accepted = policy.observed[0]
+        assert (choice, accepted) == (StepChoice("short", 2, stop_below=0.1), 2)
+        assert r.tallies["short"].draft_tokens == 2 and r.generated == expected(r.prompt, 3)
+    asyncio.run(go())
+
+
+class Shifted:
+    """A stand-in translator: the drafter's token for target token t is t + 1000."""
+
+    def context(self) -> Shifted.Context:
+        return Shifted.Context()
+
+    class Context:
+        def __init__(self) -> None:
+            self.draft: list[int] = []
+            self.seen = self.stable = 0
+
+        def extend(self, new: list[int]) -> None:
+            self.draft += [t + 1000 for t in new]
+            self.seen += len(new)
+
+        def sync(self, held: int) -> tuple[int, list[int]]:
+            keep = max(0, min(held, self.stable, len(self.draft)))
+            self.stable = len(self.draft)
+            return keep, self.draft[keep:]
+
+        def propose(self, chain: list[int], k: int) -> list[int]:
+            return [t - 1000 for t in chain][:k]
+
+
+def test_a_drafter_with_another_tokenizer_drafts_through_translation() -> None:
+    async def go() -> None:
+        drafter = FakeDrafter(3, v=10**6)  # the toy target's rule, in the drafter's tokens
+        sched = Scheduler(SchedulerConfig(prompt_lookup=False), FakeVerifier(),
+                          {"other": drafter}, Recording("other", 4),
+                          lambda ids: "", None, translators={"other": Shifted()})
+        r = RouterRequest("r", (1, 2, 3), 20, SamplingParams(temperature=0.7, seed=1))
+        sched.submit(r)
+        await steps(sched)
+        got = events(r)
+        assert tokens(got) == expected(r.prompt, 20)
+        assert got[0].step.drafter == "other" and got[0].step.accepted_tokens == 3
+        first, second = drafter.tasks()[:2]
+        assert (first.keep, first.context_delta) == (0, [1001, 1002, 1003])
+        assert second.keep == 3 and second.context_delta == [t + 1000 for t in got[0].token_ids]
+        assert first.sampling == SamplingParams()  # a greedy chain, whatever the request samples
+    asyncio.run(go())
+
+
+# ---- the lanes ----------------------------------------------------------------------------------
+async def _until(cond, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.001)
+
+
+async def _collect(r: RouterRequest) -> list:
+    out = []
+    while True:
+        event = await r.out.get()
+        out.append(event)
+        if isinstance(event, RequestError) or event.finish is not None:
+            return out
+
+
+def test_two_lanes_are_lossless_and_split_the_batch() -> None:
+    async def go() -> None:
+        verifier, drafter = FakeVerifier(), FakeDrafter(2)
+        sched = scheduler(Recording("fake", 3), {"fake": drafter}, verifier, micro_batches=2)
+        loop = asyncio.create_task(sched.run())
+        reqs = [request(f"r{i}", (i, i + 1), max_tokens=15 + i) for i in range(4)]
+        for r in reqs:
+            sched.submit(r)
+        outs = await asyncio.gather(*(_collect(r) for r in reqs))
+        await _until(lambda: sorted(verifier.released) == sorted(r.request_id for r in reqs))
+        sched.stop()
+        await loop
+        for r, out in zip(reqs, outs):
+            assert tokens(out) == expected(r.prompt, r.max_tokens)
+        sizes = [len(tasks) for tasks, _ in verifier.calls if tasks]
+        assert max(sizes) == 2  # two lanes of two
+        assert sorted(drafter.released) == sorted(r.request_id for r in reqs)  # idle: flushed
+    asyncio.run(go())
+
+
+def test_a_cancelled_request_is_released_everywhere() -> None:
+    async def go() -> None:
+        verifier, drafter = FakeVerifier(), FakeDrafter(1)
+        policy = Recording("fake", 2)
+        sched = scheduler(policy, {"fake": drafter}, verifier)
+        loop = asyncio.create_task(sched.run())
+        r = request("r", max_tokens=10_000)
+        sched.submit(r)
+        await r.out.get()
+        sched.cancel(r)
+        await _until(lambda: "r" in verifier.released and "r" in drafter.released)
+        sched.stop()
+        await loop
+        assert r.finished and policy.released == ["r"] and not sched.running
+    asyncio.run(go())
+
+
+def test_a_failing_step_ends_its_requests_with_internal() -> None:
+    async def go() -> None:
+        class Broken(Recording):
+            def choose(self, requests, available):
+                raise RuntimeError("policy bug")
+
+        sched = scheduler(Broken())
+        loop = asyncio.create_task(sched.run())
+        r = request("r")
+        sched.submit(r)
+        (error,) = await _collect(r)
+        sched.stop()
+        await loop
+        assert error == RequestError("internal", "router step failed: policy bug")
+    asyncio.run(go())

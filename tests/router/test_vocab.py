@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from spin.engine.memory import parse_size
 from spin.engine.model_runner import RunnerConfig
 from spin.engine.vocab import identify, incompatibility, load_identity
+from spin.router.config import RouterConfig
 from spin.router.server import _check_drafter
 from spin.serve import Embedded, ServeConfig
 from spin.v1 import generation_pb2, model_info_pb2
@@ -53,7 +54,8 @@ def test_spin_serve_with_your_own_models(models, tmp_path: Path) -> None:
     cfg = ServeConfig(port=0, target=str(models["target"]),
                       drafter_models={"qwen-draft": str(models["draft"]),
                                       "other-tokenizer": str(models["other"])},
-                      policy="fixed", default_drafter="prompt-lookup", redis=False,
+                      router=RouterConfig(policy="fixed", default_drafter="prompt-lookup"),
+                      redis=False,
                       log_dir=tmp_path, runner=RunnerConfig(kv_cache_memory=parse_size("64MiB")),
                       drafter_kv_cache_memory=parse_size("32MiB"))
     ids = list(prompts(1, ARCHS["qwen2"].tokens, seed=5)[0])

@@ -17,6 +17,7 @@ from spin.engine.engine import GenerationRequest, SpecEngine
 from spin.engine.memory import parse_size
 from spin.engine.model_runner import ModelRunner, RunnerConfig
 from spin.engine.verifier import Verifier
+from spin.router.config import RouterConfig, SchedulerConfig
 from spin.serve import Embedded, ServeConfig
 from spin.zoo.corpus import heldout_prompts
 
@@ -66,7 +67,8 @@ def test_64_long_requests_through_a_64mib_verifier_cache(family_dir: Path, refer
                                                          tmp_path: Path) -> None:
     prompts = _prompts(family_dir)
     cfg = ServeConfig(port=0, drafters=["draft-code"], redis=False, log_dir=tmp_path,
-                      policy="fixed", default_drafter="draft-code", default_k=4, max_batch=32,
+                      router=RouterConfig(policy="fixed", default_drafter="draft-code", default_k=4,
+                                          scheduler=SchedulerConfig(max_batch=32)),
                       runner=RunnerConfig(kv_cache_memory=parse_size(BUDGET)),
                       drafter_kv_cache_memory=parse_size("16MiB"))
     with Embedded(cfg) as emb:

@@ -22,6 +22,8 @@ from tqdm import tqdm
 
 from loadgen.workload import build_workload
 
+from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 from .policy import PolicyBenchConfig, _run
@@ -56,19 +58,20 @@ def run_ab(cfg: ABConfig) -> dict:
     workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
 
     def deployment(overrides: str) -> Embedded:
-        return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, policy="learned",
-                                    log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-ab-")),
-                                    cost_model=cfg.cost_model, policy_config=overrides))
+        router = RouterConfig(policy="learned", cost_model=str(cfg.cost_model),
+                              policy_config=json.loads(overrides))
+        return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
+                                    log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-ab-"))))
 
     times: dict[str, list[list[float]]] = {"a": [[] for _ in workload], "b": [[] for _ in workload],
                                            "prompt_lookup": [[] for _ in workload]}
     with deployment(cfg.a) as ea, deployment(cfg.b) as eb:
         drafters = [c.role.removeprefix("drafter-") for c in ea.children
-                    if c.role.startswith("drafter-")] + ["prompt-lookup"]
+                    if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
         for emb, name in ((ea, "A"), (eb, "B")):
             for d in drafters:  # population statistics, as in `spin bench policy`
                 _run(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}")
-        runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, "prompt-lookup", 4))
+        runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, PROMPT_LOOKUP, 4))
         with tqdm(total=cfg.rounds * len(workload), desc="A/B pairs", unit="req") as bar:
             for _ in range(cfg.rounds):
                 for i, w in enumerate(workload):

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 from ..engine.drafter import ModelDrafter, PromptLookupDrafter
 from ..engine.engine import GenerationRequest, SpecEngine, StepTimes
 from ..engine.model_runner import ModelRunner
+from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import Verifier
 from ..zoo.corpus import heldout_prompts
 from ..zoo.report import family_members, load_model
@@ -73,7 +74,7 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict:
     names = family_members(fam)
     runner_slots = max(cfg.batches)
     drafters = {n: ModelDrafter(n, ModelRunner(fam / n, max_seqs=runner_slots)) for n in names}
-    drafters["prompt-lookup"] = PromptLookupDrafter()
+    drafters[PROMPT_LOOKUP] = PromptLookupDrafter()
     engine = SpecEngine(Verifier(ModelRunner(fam / "target", max_seqs=runner_slots)), drafters)
     hf_target = load_model(fam / "target")
     hf_drafts = {n: load_model(fam / n) for n in names}

@@ -43,9 +43,10 @@ from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request, arrival_times, build_workload
 
 from ..cpus import available_cpus, format_cpus, split
-from ..policy.decompose import decompose
-from ..router.config import SchedulerConfig
+from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..router.config import RouterConfig, SchedulerConfig
 from ..serve import Child, Embedded, ServeConfig, _spin
+from ..verifier.decompose import decompose, padded_fraction
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 from .services import _router_times
 
@@ -113,10 +114,11 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-policy-"))
     report: dict = {"requests": cfg.requests, "new_tokens": cfg.new_tokens, "quick": cfg.quick}
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir,
-                              cost_model=cfg.cost_model, policy="learned")) as emb:
+                              router=RouterConfig(policy="learned",
+                                                  cost_model=str(cfg.cost_model)))) as emb:
         ep = emb.endpoint
         drafters = [c.role.removeprefix("drafter-") for c in emb.children
-                    if c.role.startswith("drafter-")] + ["prompt-lookup"]
+                    if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
         # 1. goodput, one request at a time; rounds interleave every configuration so that the
         # machine's drift (easily 1.5x on a shared 2-core machine) hits them all alike
         configs = [("off", "off", 0)] + [(f"{d}:k{k}", d, k) for d in drafters for k in cfg.ks]
@@ -309,8 +311,8 @@ def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
     out: dict = {"cpus": {"drafters_and_routers": format_cpus(side),
                           "verifier": format_cpus(own)}, "requests": len(workload)}
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",
-                              drafters=["draft-code"], policy="fixed", redis=False,
-                              cpus="split")) as emb:
+                              drafters=["draft-code"], router=RouterConfig(policy="fixed"),
+                              redis=False, cpus="split")) as emb:
         piped = _pipelined_router(emb, cfg, format_cpus(side))
         try:
             off, _ = _run(emb.endpoint, workload, "off", 0, cfg, "pipeline: speculation off",
@@ -349,7 +351,6 @@ def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) ->
     """A verification batch of ``decoding`` requests scoring 5 tokens after ~300 of context plus
     one new request prefilling a 200-token prompt: one padded forward vs the decomposed ones."""
     from ..engine.model_runner import RunnerConfig
-    from ..policy.decompose import padded_fraction
     from ..v1 import token_tree_pb2, verifier_pb2
     from ..verifier.server import VerifierService
 
@@ -371,7 +372,8 @@ def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) ->
             svc.run_batch(verifier_pb2.VerifyRequest(tasks=tasks, release=[f"new{rep - 1}"]))
             times.append(time.perf_counter() - start)
         sizes = [(5, 305)] * decoding + [(200, 200)]
-        groups = decompose(sizes, svc.forward_cost) if on else [list(range(len(sizes)))]
+        groups = (decompose(sizes, svc.cost_model.predict_padded_verify) if on
+                  else [list(range(len(sizes)))])
         out["on" if on else "off"] = {"step_s": statistics.median(times[1:]),
                                       "padded_fraction": padded_fraction(sizes, groups),
                                       "forwards": len(groups)}

@@ -24,7 +24,9 @@ from transformers import AutoTokenizer
 from ..engine.drafter import ModelDrafter, PromptLookupDrafter
 from ..engine.engine import GenerationRequest, SpecEngine
 from ..engine.model_runner import ModelRunner
+from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import Verifier
+from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..v1 import generation_pb2, generation_pb2_grpc
 from ..zoo.corpus import heldout_prompts
@@ -84,17 +86,17 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
             prompts.append(tuple(ids[-96:]))
         if len(prompts) == cfg.prompts:
             break
-    drafter = (PromptLookupDrafter() if cfg.drafter == "prompt-lookup"
+    drafter = (PromptLookupDrafter() if cfg.drafter == PROMPT_LOOKUP
                else ModelDrafter(cfg.drafter, ModelRunner(fam / cfg.drafter, max_seqs=2)))
     engine = SpecEngine(Verifier(ModelRunner(fam / "target", max_seqs=2)), {cfg.drafter: drafter})
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
-    names = [] if cfg.drafter == "prompt-lookup" else [cfg.drafter]
+    names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
     secs = {"inproc_on": 0.0, "inproc_off": 0.0, "rpc_on": 0.0, "rpc_off": 0.0}
     per_prompt_ratio = []
     lossless = True
     tokens = steps = 0
     with Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False,
-                              log_dir=log_dir, policy="fixed")) as emb, \
+                              log_dir=log_dir, router=RouterConfig(policy="fixed"))) as emb, \
             grpc.insecure_channel(emb.endpoint) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         _stream(stub, prompts[0][:8], cfg, True)  # warm-up: connections, first forwards

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from .model_runner import ForwardItem, ModelRunner
-from .prompt_lookup import prompt_lookup
+from .prompt_lookup import PROMPT_LOOKUP, prompt_lookup
 from .sampling import SamplingParams, probs_from_logits
 from .sequences import Sequence, Sequences
 from .tree import TokenTree
@@ -83,7 +83,7 @@ class Drafter(Protocol):
 class PromptLookupDrafter:
     """Model-free n-gram drafting from the request's own context (chains only, one-hot drafts)."""
 
-    name = "prompt-lookup"
+    name = PROMPT_LOOKUP
 
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+PROMPT_LOOKUP = "prompt-lookup"
+"""The prompt-lookup drafter's name, wherever a drafter is named (requests, policies, statistics,
+reports)."""
+
 
 def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
     """The k tokens that followed the latest earlier occurrence of the context's last n-gram

@@ -257,23 +257,24 @@ class RequestTrace:
                              "spin.accepted": accepted})
         step.end()
 
-    def observe(self, msg: Any) -> None:
-        """A message for the client: the final response's outcome, or an error ending it."""
-        if hasattr(msg, "code") and hasattr(msg, "message"):  # the router's RequestError
-            self._outcome = True
-            self.span.set_attribute("rpc.grpc.status_code", msg.code.value[0])
-            self.span.set_status(Status(StatusCode.ERROR, f"{msg.code.name}: {msg.message}"))
-        elif getattr(msg, "finish_reason", 0):
-            self._outcome = True
-            reason = msg.DESCRIPTOR.fields_by_name["finish_reason"].enum_type \
-                .values_by_number[msg.finish_reason].name.removeprefix("FINISH_REASON_").lower()
-            s = msg.speculation
-            self.span.set_attributes({
-                "spin.completion_tokens": msg.usage.completion_tokens,
-                "spin.finish_reason": reason, "spin.steps": s.steps,
-                "spin.steps_without_speculation": s.steps_without_speculation,
-                "spin.draft_tokens": s.draft_tokens, "spin.accepted_tokens": s.accepted_tokens,
-                "spin.tau": s.tau})
+    def observe(self, event: Any) -> None:
+        """A message for the client (the router's ``streaming.Chunk``): the last one's outcome."""
+        if getattr(event, "finish", None) is None:
+            return
+        self._outcome = True
+        s = event.speculation
+        self.span.set_attributes({
+            "spin.completion_tokens": event.usage.completion_tokens,
+            "spin.finish_reason": event.finish, "spin.steps": s.steps,
+            "spin.steps_without_speculation": s.steps_without_speculation,
+            "spin.draft_tokens": s.draft_tokens, "spin.accepted_tokens": s.accepted_tokens,
+            "spin.tau": s.tau})
+
+    def fail(self, code: grpc.StatusCode, message: str) -> None:
+        """The stream ends with an error (the router's ``RequestError``, as its gRPC status)."""
+        self._outcome = True
+        self.span.set_attribute("rpc.grpc.status_code", code.value[0])
+        self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message}"))
 
     def end(self) -> None:
         """The client stream is over (finished, failed or cancelled)."""
@@ -294,7 +295,8 @@ def start_steps(reqs: Iterable[Any], choices: Iterable[Any]) -> None:
 
 
 def end_step(req: Any, choice: Any, drafted: int, result: Any) -> None:
-    """Close a traced request's step with the verifier's result."""
+    """Close a traced request's step with the verifier's result (the router's plain
+    ``VerifyResult``: ``num_accepted``, ``resync``)."""
     if req.trace is not None:
         req.trace.end_step(choice.drafter, drafted, result.num_accepted, result.resync)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-PROMPT_LOOKUP = "prompt-lookup"
+from ..engine.prompt_lookup import PROMPT_LOOKUP
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,12 @@ class CostModel:
         return (c0 + c1 * batch + c2 * scored_tokens + c3 * context_tokens
                 + c4 * scored_tokens * (context_tokens / batch))
 
+    def predict_padded_verify(self, rows: int, max_q: int, max_k: int) -> float:
+        """Seconds of one target forward over ``rows`` requests each padded to ``max_q`` new
+        tokens and ``max_k`` context: ``predict_verify(rows, rows * max_q, rows * max_k)``. The
+        verifier's request decomposition (``verifier/decompose.py``) prices a group with it."""
+        return float(self.predict_verify(rows, rows * max_q, rows * max_k))
+
     def draft_terms(self, drafter: str) -> tuple[float, float, float, float, float, float]:
         """(d0, d1, d2, d3, d_req, d4) of the ragged model ``[A>0]·d0 + K·d1 + d2·Σk + d3·Σk·ctx
         + d_req·A + d4·K·log2 A`` (A = #(k>0)); raises ``KeyError`` for a drafter with no fitted

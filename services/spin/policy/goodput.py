@@ -13,15 +13,9 @@ with drafters running concurrently (hence the max) and, when ``pipelined`` (SPIN
 overlaps drafting of one micro-batch with verification of another), T(k) = max(draft, verify)
 instead of the sum. Times come from ``cost_model.CostModel``.
 
-Acceptance a_i is tracked per (request, drafter) by ``AcceptanceTracker``: a step that drafts k
-tokens and accepts m of them is a geometric run truncated at k — m successes, plus one failure when
-m < k (the chain stops at the first rejection; m = k is censored: we only know the run lasted ≥ k).
-For such data the maximum-likelihood estimate is a = S / (S + F) with S = accepted tokens and F =
-rejections, which is consistent (E[S] = a(1 − a^k)/(1 − a), E[F] = 1 − a^k, ratio a). We keep
-exponentially discounted S and F (the newest step weighted ``ema``, older ones by (1 − ema)^age),
-seeded with ``prior_trials`` pseudo-trials at the population rate of the drafter. (SmartSpec's own
-EMA of accepted/drafted underestimates a because of the truncation; EMA-ing accepted/(accepted + 1)
-is biased too, e.g. 0.31 for a = 0.5.)
+Acceptance a_i is tracked per (request, drafter) by ``AcceptanceTracker`` (``acceptance.py``): a
+discounted maximum-likelihood estimate for chains that stop at their first rejection, seeded at
+the drafter's population rate.
 
 Search: greedy coordinate ascent. From all k = 0 repeatedly apply the single ±1 change of one
 request's k (0..k_max) with the best goodput; stop when none improves. Because a drafter call has a
@@ -37,10 +31,12 @@ k table (Synergy).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .acceptance import AcceptanceTracker
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -99,79 +95,6 @@ class ControllerConfig:
             raise ValueError(f"invalid controller config {self}")
         if not 0.0 <= self.calibration <= 1.0:
             raise ValueError(f"calibration must be in [0, 1], got {self.calibration}")
-
-
-@dataclass
-class _Acc:
-    s: float
-    """Discounted accepted tokens."""
-    f: float
-    """Discounted rejections."""
-    n: int = 0
-    """Steps observed."""
-
-
-@dataclass
-class AcceptanceTracker:
-    """Per (request, drafter) acceptance rate: discounted truncated-geometric MLE (module doc)."""
-
-    cfg: ControllerConfig = field(default_factory=ControllerConfig)
-    """Uses ``ema``, ``prior_acceptance``, ``prior_trials`` and ``min_observations``."""
-    population: dict[str, float] = field(default_factory=dict)
-    """Per-drafter population acceptance: the seed of new requests."""
-    _state: dict[str, dict[str, _Acc]] = field(default_factory=dict, repr=False)
-
-    def set_population(self, rates: dict[str, float]) -> None:
-        """Replace the per-drafter population rates (requests already seen keep their state)."""
-        self.population = {d: min(1.0, max(0.0, float(a))) for d, a in rates.items()}
-
-    def prior(self, drafter: str) -> float:
-        return self.population.get(drafter, self.cfg.prior_acceptance)
-
-    def update(self, request_id: str, drafter: str, k: int, accepted: int) -> None:
-        """One step of ``request_id`` drafted ``k`` tokens with ``drafter``; ``accepted`` of
-        them were accepted (chain prefix). k = 0 carries no information and is ignored."""
-        if not 0 <= accepted <= max(k, 0):
-            raise ValueError(f"accepted={accepted} outside 0..k={k}")
-        if k <= 0:
-            return
-        st = self._acc(request_id, drafter)
-        w = self.cfg.ema
-        st.s = (1 - w) * st.s + w * accepted
-        st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
-        st.n += 1
-
-    def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float,
-                     keep: float = 1.0) -> None:
-        """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's
-        greedy agreement with the request's own output (each position one Bernoulli trial); the
-        evidence so far weighs ``keep`` first."""
-        st = self._acc(request_id, drafter)
-        st.s = keep * st.s + max(0.0, accepted)
-        st.f = keep * st.f + max(0.0, rejected)
-
-    def _acc(self, request_id: str, drafter: str) -> _Acc:
-        """The request's state for ``drafter``, seeded at the population rate when new."""
-        per = self._state.setdefault(request_id, {})
-        st = per.get(drafter)
-        if st is None:
-            a0 = self.prior(drafter)
-            st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
-        return st
-
-    def observations(self, request_id: str, drafter: str) -> int:
-        st = self._state.get(request_id, {}).get(drafter)
-        return st.n if st else 0
-
-    def get(self, request_id: str, drafter: str) -> float:
-        """The acceptance estimate of ``request_id`` with ``drafter``."""
-        st = self._state.get(request_id, {}).get(drafter)
-        if st is None or st.n < self.cfg.min_observations or st.s + st.f <= 0:
-            return self.prior(drafter)
-        return st.s / (st.s + st.f)
-
-    def release(self, request_id: str) -> None:
-        self._state.pop(request_id, None)
 
 
 def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.ndarray | float:

@@ -30,14 +30,11 @@ fitted (before it has such a record, from what all drafters achieved on the requ
 fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's
 prefill.
 
-**Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly: a general model
-may predict a structured prompt as well as the specialist and accept far less on the output, and
-a request's output may change its kind as it goes. Every ``runner_up_every`` generated tokens the
-model drafters that came within ``runner_up_margin`` of the best prompt agreement score the tokens
-since their last call (their cache holds the rest). One that predicted those tokens better than the
-best-fitting drafter accepted on its own steps meanwhile, by more than ``runner_up_switch``, fits
-the request from then on (the one it replaces becomes a runner-up). Off by default: in serving
-their scoring calls cost more than they gain (``LearnedPolicyConfig.runner_up_every``).
+**Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly. Every
+``runner_up_every`` generated tokens the model drafters that came close to the best prompt
+agreement score the tokens since their last call, and one that predicted them clearly better than
+the best-fitting drafter accepted meanwhile fits the request from then on. Off by default: in
+serving their scoring calls cost more than they gain (``LearnedPolicyConfig.runner_up_every``).
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them the same way (prompt lookup in the router). With greedy decoding a draft token is
@@ -51,7 +48,7 @@ lookup, which costs nothing but a scan in the router, rescores every step's new 
 model drafts (``lookup_rescore``): the small target models this project trains, like larger ones
 on code and structured text, fall into repeating spans, where prompt lookup drafts k tokens for
 free and all are accepted. Each round weighs ``1 - controller.ema`` of the next, so its estimate
-follows the recent output.
+follows the recent output. Who scores when: ``scoring_rounds.py``.
 
 **Calibration.** The cost model is fitted on bare forwards (``spin profile``); in serving a step
 also pays round trips and the services' and the router's own work. After each step the router
@@ -82,16 +79,23 @@ from .cost_model import CostModel
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
 from .prompt_fit import PromptFit
+from .request_state import RequestState
 from .scoring_cost import ScoringCost
+from .scoring_rounds import ScoringRounds
 from .selector import DraftSelector, population_from_stats
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
 log = logging.getLogger(__name__)
 
+Batch = list[tuple[str, str | None, int]]
+"""(request id, drafter or None, context length) per request: what the controller prices."""
+
 
 class LearnedPolicy:
-    """Implements ``policy.base.Policy``."""
+    """Implements ``policy.base.Policy``. Per request it keeps one ``RequestState``
+    (``request_state.py``); ``choose`` runs in phases: the drafters, their k, who scores the
+    request, and the step's prediction."""
 
     def __init__(self, cfg: LearnedPolicyConfig | None = None, cost: CostModel | None = None,
                  population: Callable[[], dict] | None = None) -> None:
@@ -99,39 +103,20 @@ class LearnedPolicy:
         self.selector = DraftSelector(self.cfg.selector)
         self.controller = SpecLengthController(cost, self.cfg.controller)
         self._population = population
-        self._idle: dict[str, int] = {}
-        self._chosen: dict[str, str] = {}
-        """request id -> the bandit's drafter this step (auto mode only)"""
-        self._scored: dict[str, int] = {}
-        """request id -> scoring rounds so far"""
-        self._agreement: dict[str, dict[str, list[float]]] = {}
-        """request id -> drafter -> [matches, positions] over rounds, each round weighing
-        ``1 - controller.ema`` of the next"""
-        self._ctx: dict[str, int] = {}
-        """request id -> context length at its last step"""
+        self._requests: dict[str, RequestState] = {}
+        """request id -> what the policy keeps about it (``request_state.py``)"""
         self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin,
                              deficit_weight=self.cfg.fit_deficit_weight,
                              value=self._fit_value, prune_after=self.cfg.fit_prune_after,
                              explore_every=self.cfg.fit_explore_every)
         """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
-        self._fitted: set[str] = set()
-        """Requests whose best-fitting drafter has been seeded."""
-        self._prefill: set[str] = set()
-        """Requests whose step being verified prefills the target (no bandit reward)."""
-        self._next_round: dict[str, int] = {}
-        """request id -> generated tokens at which its next runner-up round is due"""
-        self._runners: dict[str, tuple[set[str], dict[str, list[float]]]] = {}
-        """request id -> (runner-ups whose score is still to come, the drafters' own steps in
-        the window they score)"""
-        self._fed: dict[str, dict[str, int]] = {}
-        """request id -> model drafter -> context length it was last fed (drafting or scoring)"""
         self.scoring_cost = ScoringCost()
         """What scoring calls add to a step (``scoring_cost.py``), in the plan's prediction."""
         self.chains = ChainLength()
         """How much of k early-stopping chains draft (``chain_length.py``)."""
-        self._own: dict[str, dict[str, list[float]]] = {}
-        """request id -> drafter -> [accepted, rejected] draft tokens of its steps since the
-        request's last runner-up round"""
+        self.scoring = ScoringRounds(self.cfg, self.fit, self.controller.tracker,
+                                     self._fit_value)
+        """Who scores a request when, and what it feeds (``scoring_rounds.py``)."""
         self._stop = threading.Event()
         if population is not None:
             self.refresh()
@@ -156,90 +141,61 @@ class LearnedPolicy:
     def close(self) -> None:
         self._stop.set()
 
+    def active_requests(self) -> int:
+        """Requests the policy keeps state for (from first sight to ``release``)."""
+        return len(self._requests)
+
+    def _state(self, request_id: str) -> RequestState:
+        """The request's state, created at first sight."""
+        state = self._requests.get(request_id)
+        if state is None:
+            state = self._requests[request_id] = RequestState()
+        return state
+
+    # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
+
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
-        cands = {r.request_id: self._candidates(r, available)
+        states = [self._state(r.request_id) for r in requests]
+        cands, drafters = self._drafters(requests, states, available)
+        batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
+        # k is the controller's for requests in mode auto and for a named drafter without its k
+        policy_k = [r.mode == "auto" or (r.mode == "drafter" and not r.k) for r in requests]
+        # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
+        prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
+        ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
+        out = []
+        for r, s, d, k, chosen_k in zip(requests, states, drafters, ks, policy_k):
+            score = self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available)
+            s.ctx = r.context_len
+            if r.generated == 0:
+                s.prefill = True
+            stop = self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP else 0.0
+            out.append(StepChoice(d, k, score=score, stop_below=stop) if d is not None and k > 0
+                       else StepChoice(None, score=score))
+        return StepPlan(out, self._prediction(requests, states, out, batch, policy_k, prefill))
+
+    def _drafters(self, requests: list[RequestView], states: list[RequestState],
+                  available: set[str]) -> tuple[dict[str, set[str]], list[str | None]]:
+        """Each request's candidates (mode auto) and drafter: its own in mode drafter (prompt
+        lookup when that is down), its bandit's pick among its candidates in mode auto, None in
+        mode off or when its only candidate is prompt lookup, which has no match."""
+        cands = {r.request_id: self._candidates(r, s, available)
                  - (set() if r.lookup_match else {PROMPT_LOOKUP})
-                 for r in requests if r.mode == "auto"}
+                 for r, s in zip(requests, states) if r.mode == "auto"}
         drafters: list[str | None] = []
-        for r in requests:
+        for r, s in zip(requests, states):
             if r.mode == "off":
                 drafters.append(None)
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             elif cands[r.request_id]:
                 drafters.append(self.selector.choose(r.request_id, cands[r.request_id]))
-                self._chosen[r.request_id] = drafters[-1]
-            else:  # its only candidate is prompt lookup, which has no match
+                s.chosen = drafters[-1]
+            else:
                 drafters.append(None)
-        batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
-        auto = any(r.mode == "auto" for r in requests)
-        # k is the controller's for requests in mode auto and for a named drafter without its k
-        policy_k = [r.mode == "auto" or (r.mode == "drafter" and not r.k) for r in requests]
-        # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
-        prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
-        ks = self.controller.choose(batch, prefill) if any(policy_k) else [0] * len(requests)
-        if auto and self.cfg.fallback:
-            ks = self._fallback(requests, drafters, batch, ks, cands, prefill)
-        out = []
-        for r, d, k, chosen_k in zip(requests, drafters, ks, policy_k):
-            if r.mode == "drafter" and r.k:
-                k = r.k
-            elif d is not None and k == 0 and self._idle.get(r.request_id, 0) >= self.cfg.probe_every:
-                k = 1
-            k = min(k, r.remaining - 1)
-            self._idle[r.request_id] = 0 if k > 0 else self._idle.get(r.request_id, 0) + 1
-            score: tuple[str, ...] = ()
-            rounds = self._scored.get(r.request_id, 0)
-            if not self.cfg.score_after or r.mode != "auto":
-                pass
-            elif r.generated == 0 and self.cfg.prompt_fit and r.remaining > self.cfg.score_after:
-                score = self.fit.worth_scoring(available - {PROMPT_LOOKUP})  # the prompt
-            elif (rounds < self.cfg.score_rounds and r.generated >= self.cfg.score_after
-                  + rounds * (self.cfg.score_every or self.cfg.score_after)):
-                self._scored[r.request_id] = rounds + 1
-                score = tuple(sorted(cands[r.request_id]))
-            elif (rounds and self.cfg.lookup_rescore and d != PROMPT_LOOKUP
-                  and PROMPT_LOOKUP in cands[r.request_id]):
-                score = (PROMPT_LOOKUP,)
-            if r.mode == "auto":
-                score = tuple(sorted({*score, *self._runners_up(r, available)}))
-            self._ctx[r.request_id] = r.context_len
-            if r.generated == 0:
-                self._prefill.add(r.request_id)
-            stop = self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP else 0.0
-            out.append(StepChoice(d, k, score=score, stop_below=stop) if d is not None and k > 0
-                       else StepChoice(None, score=score))
-        for r, c in zip(requests, out):
-            self.chains.chosen(r.request_id, c)
-        work = self._scoring_work(requests, out)
-        prediction = None
-        if any(policy_k) and self.controller.cost is not None:
-            drafts, verify = self.controller.predicted_parts(
-                batch, [self.chains.expected_k(c) for c in out], prefill)
-            extra = self.scoring_cost.predict(*work)
-            prediction = StepPrediction(
-                self.controller.step_s(drafts, verify + extra), drafts, verify, work, extra)
-        return StepPlan(out, prediction)
+        return cands, drafters
 
-    def _scoring_work(self, requests: list[RequestView], out: list[StepChoice],
-                      ) -> tuple[int, int]:
-        """(calls, tokens fed) of the model drafters scoring beside the verification this step:
-        each feeds the tokens its drafter has not seen yet (the whole prompt at a request's first
-        step). Prompt lookup scores in the router before the verification; a request's own
-        drafter drafts instead."""
-        calls = tokens = 0
-        for r, c in zip(requests, out):
-            fed = self._fed.setdefault(r.request_id, {})
-            for name in c.score:
-                if name != PROMPT_LOOKUP and name != c.drafter:
-                    calls += 1
-                    tokens += r.context_len - fed.get(name, 0)
-                    fed[name] = r.context_len
-            if c.drafter is not None and c.drafter != PROMPT_LOOKUP:
-                fed[c.drafter] = r.context_len
-        return calls, tokens
-
-    def _candidates(self, r: RequestView, available: set[str]) -> set[str]:
+    def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:
         """The drafters the request's bandit chooses from: prompt lookup while the model drafters
         score the prompt, then the best-fitting one and prompt lookup (``prompt_fit.py``)."""
         if not (self.cfg.prompt_fit and self.cfg.score_after):
@@ -249,8 +205,8 @@ class LearnedPolicy:
         fitting = [d for d in self.fit.fitting(r.request_id) if d in available]
         if not fitting:
             return available
-        if r.request_id not in self._fitted:  # seed them from the earlier requests they fitted
-            self._fitted.add(r.request_id)
+        if not state.fitted:  # seed them from the earlier requests they fitted
+            state.fitted = True
             for d in fitting:
                 rate = self.fit.acceptance(d)
                 if rate is None and self.cfg.fit_pooled_seed:
@@ -261,81 +217,86 @@ class LearnedPolicy:
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
         return set(fitting) | (available & {PROMPT_LOOKUP})
 
-    def _runners_up(self, r: RequestView, available: set[str]) -> tuple[str, ...]:
-        """The model drafters that came close to the request's best-fitting one by prompt
-        agreement, to score the output when a runner-up round is due (see ``_judge``); ()
-        otherwise."""
-        rid, every = r.request_id, self.cfg.runner_up_every
-        if (not every or rid not in self._scored or r.remaining <= every
-                or r.generated < self._next_round.get(rid, every)):
-            return ()
-        self._next_round[rid] = r.generated + every
-        runners = tuple(n for n in self.fit.runners_up(rid, self.cfg.runner_up_margin)
-                        if n in available)
-        own = self._own.pop(rid, {})  # the best-fitting drafter's steps since the last round
-        if runners:
-            self._runners[rid] = (set(runners), own)
-        return runners
+    def _ks(self, requests: list[RequestView], states: list[RequestState],
+            drafters: list[str | None], batch: Batch, cands: dict[str, set[str]],
+            policy_k: list[bool], prefill: int) -> list[int]:
+        """Each request's k: the controller's (after the fallback, which may change a request's
+        drafter: ``drafters`` and ``batch`` are updated in place), a named drafter's own k, or a
+        probe with k = 1 after ``probe_every`` steps at k = 0; at most the tokens it has left
+        but one."""
+        ks = self.controller.choose(batch, prefill) if any(policy_k) else [0] * len(requests)
+        if self.cfg.fallback and any(r.mode == "auto" for r in requests):
+            ks = self._fallback(requests, states, drafters, batch, ks, cands, prefill)
+        out = []
+        for r, s, d, k in zip(requests, states, drafters, ks):
+            if r.mode == "drafter" and r.k:
+                k = r.k
+            elif d is not None and k == 0 and s.idle >= self.cfg.probe_every:
+                k = 1
+            k = min(k, r.remaining - 1)
+            s.idle = 0 if k > 0 else s.idle + 1
+            out.append(k)
+        return out
 
-    def _judge(self, request_id: str, runner: str, agreement: float) -> None:
-        """A runner-up that predicted the tokens since its last call better than the best-fitting
-        drafter accepted on its own steps meanwhile (its acceptance estimate when it made none),
-        by more than ``runner_up_switch``, takes its place; with ``fit_by_goodput``, better is
-        by the goodput predicted at those rates (``_fit_value``)."""
-        fitting = self.fit.fitting(request_id)
-        pending = self._runners.get(request_id)
-        if not fitting or pending is None or runner not in pending[0]:
-            return
-        pending[0].discard(runner)
-        best = fitting[0]
-        accepted, rejected = pending[1].get(best, (0.0, 0.0))
-        rate = (accepted / (accepted + rejected) if accepted + rejected
-                else self.controller.tracker.get(request_id, best))
-        if self._fit_value(request_id, runner, agreement) > self._fit_value(
-                request_id, best, min(1.0, rate + self.cfg.runner_up_switch)):
-            log.debug("request %s: %s fits better than %s (%.2f against %.2f)", request_id,
-                      runner, best, agreement, rate)
-            self.fit.promote(request_id, runner)
-            pending[0].clear()  # one switch per round
-
-    def _fallback(self, requests: list[RequestView], drafters: list[str | None],
-                  batch: list[tuple[str, str | None, int]], ks: list[int],
+    def _fallback(self, requests: list[RequestView], states: list[RequestState],
+                  drafters: list[str | None], batch: Batch, ks: list[int],
                   cands: dict[str, set[str]], prefill: int) -> list[int]:
         """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
         once more through the controller; a drafter that would not draft is no use this step."""
         swapped = list(drafters)
-        for i, r in enumerate(requests):
+        for i, (r, s) in enumerate(zip(requests, states)):
             if r.mode == "auto" and ks[i] == 0 and drafters[i] is not None:
-                swapped[i] = self._next_best(r, drafters[i], cands[r.request_id]) or drafters[i]
+                swapped[i] = (self._next_best(r, s, drafters[i], cands[r.request_id])
+                              or drafters[i])
         if swapped == drafters:
             return ks
         alt = self.controller.choose([(rid, d, c) for (rid, _, c), d in zip(batch, swapped)],
                                      prefill)
         out = list(ks)
-        for i, r in enumerate(requests):
+        for i, (r, s) in enumerate(zip(requests, states)):
             if swapped[i] != drafters[i] and alt[i] > 0:
                 drafters[i], out[i] = swapped[i], alt[i]
-                self._chosen[r.request_id] = swapped[i]
+                s.chosen = swapped[i]
                 batch[i] = (r.request_id, swapped[i], batch[i][2])
         return out
 
-    def _next_best(self, r: RequestView, current: str, cands: set[str]) -> str | None:
+    def _next_best(self, r: RequestView, state: RequestState, current: str,
+                   cands: set[str]) -> str | None:
         """The request's best candidate but ``current`` by posterior mean; None before its prompt
         fit or scores (its next-best would be a guess)."""
-        if (self.cfg.score_after and r.request_id not in self._scored
-                and r.request_id not in self._fitted):
+        if self.cfg.score_after and not state.scored and not state.fitted:
             return None
         ranked = sorted(((mean, name) for name, (mean, _) in
                          self.selector.snapshot(r.request_id).items()
                          if name in cands and name != current), reverse=True)
         return ranked[0][1] if ranked else None
 
+    def _prediction(self, requests: list[RequestView], states: list[RequestState],
+                    out: list[StepChoice], batch: Batch, policy_k: list[bool],
+                    prefill: int) -> StepPrediction | None:
+        """The cost model's account of the step chosen (None without a cost model, or when no
+        request's k is the controller's), with the early-stopping chains' expected lengths and
+        what the scoring calls add."""
+        for r, c in zip(requests, out):
+            self.chains.chosen(r.request_id, c)
+        work = self.scoring.work(requests, states, out)
+        if not any(policy_k) or self.controller.cost is None:
+            return None
+        drafts, verify = self.controller.predicted_parts(
+            batch, [self.chains.expected_k(c) for c in out], prefill)
+        extra = self.scoring_cost.predict(*work)
+        return StepPrediction(self.controller.step_s(drafts, verify + extra), drafts, verify,
+                              work, extra)
+
+    # ---- what happened ---------------------------------------------------------------------------
+
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
                 verify_s: float) -> None:
-        chosen = self._chosen.pop(request_id, None)
+        state = self._state(request_id)
+        chosen, state.chosen = state.chosen, None
         self.chains.observe(request_id, choice)  # choice.k: the length it drafted
-        if request_id in self._prefill:  # the target's prefill makes it no drafter's measure
-            self._prefill.discard(request_id)
+        if state.prefill:  # the target's prefill makes it no drafter's measure
+            state.prefill = False
             if choice.drafter is not None:
                 self.controller.observe(request_id, choice.drafter, choice.k, accepted)
             return
@@ -348,7 +309,7 @@ class LearnedPolicy:
         self.controller.observe(request_id, choice.drafter, choice.k, accepted)
         rejected = float(accepted < choice.k)  # the chain stops at its first rejection
         self.fit.record(request_id, choice.drafter, accepted, rejected)
-        own = self._own.setdefault(request_id, {}).setdefault(choice.drafter, [0.0, 0.0])
+        own = state.own.setdefault(choice.drafter, [0.0, 0.0])
         own[0] += accepted
         own[1] += rejected
 
@@ -358,26 +319,28 @@ class LearnedPolicy:
         is of the prompt (``prompt_fit.py``)."""
         if positions <= 0:
             return
-        if request_id not in self._scored:
+        state = self._state(request_id)
+        if not state.scored:
             self.fit.observe_prompt(request_id, drafter, matches, positions)
             return
         self.fit.record(request_id, drafter, matches, positions - matches)
         keep = 1.0 - self.controller.cfg.ema  # earlier rounds weigh less: the output changes
         self.controller.tracker.add_evidence(request_id, drafter, matches, positions - matches,
                                              keep)
-        total = self._agreement.setdefault(request_id, {}).setdefault(drafter, [0.0, 0.0])
+        total = state.agreement.setdefault(drafter, [0.0, 0.0])
         total[0] = keep * total[0] + matches
         total[1] = keep * total[1] + positions
         self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
-                              self._ctx.get(request_id, 0))
-        self._judge(request_id, drafter, matches / positions)
+                              state.ctx)
+        self.scoring.judge(request_id, state, drafter, matches / positions)
 
     def _fit_value(self, request_id: str, drafter: str, rate: float) -> float:
         """What ranks drafters for the prompt fit (``PromptFit.value``) and runner-up rounds:
         with ``fit_by_goodput`` and a cost model the goodput predicted at acceptance ``rate``,
         else the rate itself."""
+        state = self._requests.get(request_id)
         best = (self.controller.solo_goodput(request_id, drafter, rate,
-                                             self._ctx.get(request_id, 0))
+                                             state.ctx if state is not None else 0)
                 if self.cfg.fit_by_goodput else None)
         return rate if best is None else best
 
@@ -405,18 +368,8 @@ class LearnedPolicy:
             self.scoring_cost.observe(*prediction.scoring_work, verify_s - prediction.verify_s)
 
     def release(self, request_id: str) -> None:
-        self._scored.pop(request_id, None)
-        self._agreement.pop(request_id, None)
-        self._fitted.discard(request_id)
-        self._prefill.discard(request_id)
-        self._next_round.pop(request_id, None)
-        self._runners.pop(request_id, None)
-        self._own.pop(request_id, None)
-        self._fed.pop(request_id, None)
+        self._requests.pop(request_id, None)
         self.fit.release(request_id)
-        self._ctx.pop(request_id, None)
         self.selector.release(request_id)
         self.controller.release(request_id)
-        self._idle.pop(request_id, None)
-        self._chosen.pop(request_id, None)
         self.chains.release(request_id)

@@ -1,7 +1,8 @@
 """What the router connects to and how it decides: its configuration, in one place.
 
-``RouterConfig`` is what ``spin router`` runs with (``cli.py`` builds it from flags;
-``spin serve`` embeds one); ``SchedulerConfig`` its batching and failure handling.
+``RouterConfig`` is what ``spin router`` runs with (``cli/services.py`` builds it from flags,
+and ``router_argv`` there writes one back to them; ``spin serve`` embeds one); ``SchedulerConfig``
+its batching and failure handling.
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ class SchedulerConfig:
     router) to the policy."""
 
 
-
 @dataclass
 class RouterConfig:
     """What the router connects to and how it decides."""
 
-    verifier: str | None
-    """Verifier address (host:port); None with Kubernetes discovery."""
-    tokenizer: str
-    """The target's tokenizer: its checkpoint directory or Hugging Face name."""
+    verifier: str | None = None
+    """Verifier address (host:port); None with Kubernetes discovery (and in a ``ServeConfig``,
+    which fills it in)."""
+    tokenizer: str = ""
+    """The target's tokenizer: its checkpoint directory or Hugging Face name ('' in a
+    ``ServeConfig``: its target's)."""
     drafters: dict[str, str] = field(default_factory=dict)
     """Drafter name -> address (static discovery)."""
     default_drafter: str | None = PROMPT_LOOKUP
@@ -68,3 +70,4 @@ class RouterConfig:
     """Find drafter and verifier replicas through the Kubernetes API (instead of the static
     addresses above)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Batching and failure handling."""

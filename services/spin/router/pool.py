@@ -7,9 +7,11 @@ from discovery) or is down, the request is pinned elsewhere with ``keep = 0``: t
 the whole context, which costs one prefill and never changes the output. A replica that fails
 mid-batch answers *resync* for its share of the batch, so the rest of the batch goes on.
 
-The scheduler uses a pool exactly like one stream: ``route`` (the ``keep`` to send), ``call``,
-``available``, ``info``, ``close``. Replicas come from ``set_addresses`` (static in embedded mode;
-the Kubernetes watch in a cluster, see ``discovery.py``).
+A pool is used exactly like one stream: ``route`` (the ``keep`` to send), ``call`` (``spin.v1``
+batches), ``available``, ``info``, ``close``; the scheduler reaches it through the typed facades
+of ``services.py``, which convert its plain tasks and results. Replicas come from
+``set_addresses`` (static in embedded mode; the Kubernetes watch in a cluster, see
+``discovery.py``).
 """
 
 from __future__ import annotations

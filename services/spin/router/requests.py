@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -49,7 +50,8 @@ class RouterRequest:
     touched: set[str] = field(default_factory=set)
     """Drafters that were ever sent this request (all get its release, synced or not)."""
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
-    """Messages for the client stream (GenerateResponse, or an Exception to end it)."""
+    """Events for the client stream (``streaming.py``: a ``Chunk`` per step, or a
+    ``RequestError`` that ends it)."""
     cancelled: bool = False
     finished: bool = False
     first_token_at: float | None = None
@@ -109,28 +111,67 @@ class RouterRequest:
 
 
 class TextStream:
-    """Incremental detokenization with stop strings held back until they cannot match."""
+    """Incremental detokenization of a request's output, with stop strings held back until they
+    cannot match: O(1) amortised per token, whatever the output's length.
 
-    def __init__(self, decode, stop: tuple[str, ...]) -> None:
+    The standard incremental algorithm (vLLM's and TGI's prefix and read offsets): each push
+    decodes only a window of recent tokens, ``tokens[prefix:]``, and takes the text after that
+    of its start, ``tokens[prefix:read]`` (already taken), decoded the same way, so what a
+    tokenizer does at the start of a sequence (a leading space dropped) or between tokens is
+    the same on both sides. The window moves on (``prefix, read = read, len(tokens)``) once its
+    text does not end in an incomplete UTF-8 sequence (a replacement character, as a byte-level
+    BPE token ending inside a character gives); until then the complete text before it is
+    taken, the rest waits for the next token. The text taken over all pushes is
+    ``decode(tokens)``.
+
+    Stop strings are searched only where a new match can be: the held-back tail (the last
+    ``hold`` = longest stop string - 1 characters not sent) and the new text; the earliest match
+    ends the stream there (nothing from it on is sent, then or later).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
         self.decode = decode
         self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
-        self.sent = 0
+        """Characters held back: a stop string could start in them."""
+        self.prefix = 0
+        """Start of the decoding window (tokens)."""
+        self.read = 0
+        """Tokens whose text has been taken; the window's first ``read - prefix`` give
+        ``prefix_text``."""
+        self.prefix_text = ""
+        self.taken = 0
+        """Characters of the window's text after ``prefix_text`` taken while it ended in an
+        incomplete character."""
+        self.held = ""
+        """Text taken and not sent: the end of the text so far, where a stop string may begin."""
+        self.stopped = False
 
     def push(self, tokens: list[int], final: bool) -> tuple[str, bool]:
-        """(new text to send, stop string hit) for the request's tokens so far."""
-        text = self.decode(tokens)
+        """(new text to send, stop string hit) for the request's tokens so far (``final``: no
+        more will come; everything not cut by a stop string is sent). Only the tokens since the
+        last push (and the window before them) are read."""
+        if self.stopped:
+            return "", True
+        text = self.held + self._new_text(tokens, final)
         hits = [at for at in (text.find(s) for s in self.stop) if at >= 0]
-        if hits:  # the earliest stop string in the text wins
-            at = min(hits)
-            delta = text[self.sent:at] if at > self.sent else ""
-            self.sent = max(self.sent, at)
-            return delta, True
-        end = len(text)
-        if not final:
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                end = len(text.rstrip("\ufffd"))
-            end = max(self.sent, end - self.hold)
-        delta = text[self.sent:end]
-        self.sent = end
-        return delta, False
+        if hits:  # the earliest stop string wins
+            self.stopped, self.held = True, ""
+            return text[:min(hits)], True
+        cut = len(text) if final else max(0, len(text) - self.hold)
+        self.held = text[cut:]
+        return text[:cut], False
+
+    def _new_text(self, tokens: list[int], final: bool) -> str:
+        """The text ``tokens`` add to what was taken (decoding the window only)."""
+        window = self.decode(tokens[self.prefix:])
+        start = len(self.prefix_text) + self.taken
+        if not final and window.endswith("\ufffd"):  # wait for the character's other bytes
+            new = window.rstrip("\ufffd")[start:]
+            self.taken += len(new)
+            return new
+        self.prefix, self.read = self.read, len(tokens)
+        between = tokens[self.prefix:self.read]
+        self.prefix_text = self.decode(between) if between else ""
+        self.taken = 0
+        return window[start:]

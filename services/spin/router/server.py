@@ -1,8 +1,10 @@
 """``spin router``: the client-facing ``spin.v1.Generation`` service over the scheduler.
 
 Validates each request (INVALID_ARGUMENT with a message for anything malformed), admits it into a
-bounded queue (RESOURCE_EXHAUSTED beyond it), and streams its tokens as the scheduler accepts them.
-A client that cancels or runs past its deadline frees the request's caches in every service.
+bounded queue (RESOURCE_EXHAUSTED beyond it), and streams its tokens as the scheduler accepts them:
+the scheduler's plain stream events (``streaming.py``) become ``GenerateResponse`` messages here,
+and a ``RequestError`` the call's status. A client that cancels or runs past its deadline frees
+the request's caches in every service.
 """
 
 from __future__ import annotations
@@ -25,11 +27,22 @@ from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .admission import KVBudget
 from .clients import ServiceDown
+from .config import RouterConfig
 from .discovery import Endpoints, KubernetesDiscovery
 from .pool import ReplicaPool
 from .requests import RouterRequest
-from .config import RouterConfig
-from .scheduler import QueueFull, RequestError, Scheduler
+from .scheduler import QueueFull, Scheduler
+from .services import DrafterClients, VerifierClient
+from .streaming import Chunk, ErrorCode, RequestError
+
+STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "internal": grpc.StatusCode.INTERNAL,
+}
+"""The gRPC status of each ``RequestError`` code."""
+FINISH = {"length": generation_pb2.FINISH_REASON_LENGTH, "stop": generation_pb2.FINISH_REASON_STOP}
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +107,44 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         req.trace = tracing.RequestTrace.start(req)  # None unless traced (and sampled)
         try:
             while True:
-                msg = await req.out.get()
+                event = await req.out.get()
+                if isinstance(event, RequestError):
+                    if req.trace is not None:
+                        req.trace.fail(STATUS[event.code], event.message)
+                    await context.abort(STATUS[event.code], event.message)
                 if req.trace is not None:
-                    req.trace.observe(msg)
-                if isinstance(msg, RequestError):
-                    await context.abort(msg.code, msg.message)
-                yield msg
-                if msg.finish_reason:
+                    req.trace.observe(event)
+                yield response(event)
+                if event.finish is not None:
                     return
         finally:
             self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
             if req.trace is not None:
                 req.trace.end()
+
+
+def response(c: Chunk) -> generation_pb2.GenerateResponse:
+    """The message a client receives for a stream event."""
+    st = c.step
+    msg = generation_pb2.GenerateResponse(
+        request_id=c.request_id, token_ids=c.token_ids, text=c.text,
+        step=generation_pb2.StepInfo(
+            drafter=st.drafter, k=st.k, draft_tokens=st.draft_tokens,
+            accepted_tokens=st.accepted_tokens, step_seconds=st.step_seconds,
+            predicted_step_seconds=st.predicted_step_seconds, batch_size=st.batch_size))
+    if c.finish is not None:
+        msg.finish_reason = FINISH[c.finish]
+    if c.usage is not None:
+        msg.usage.prompt_tokens = c.usage.prompt_tokens
+        msg.usage.completion_tokens = c.usage.completion_tokens
+    if c.speculation is not None:
+        s, spec = msg.speculation, c.speculation
+        s.steps, s.steps_without_speculation = spec.steps, spec.steps_without_speculation
+        s.draft_tokens, s.accepted_tokens, s.tau = spec.draft_tokens, spec.accepted_tokens, spec.tau
+        for d in spec.drafters:
+            s.drafters.add(drafter=d.drafter, steps=d.steps, draft_tokens=d.draft_tokens,
+                           accepted_tokens=d.accepted_tokens)
+    return msg
 
 
 def _policy(cfg: RouterConfig, store) -> Policy:
@@ -256,7 +295,7 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
              if cfg.redis_url else open_stats_store(None))
     if policy is None:
         policy = _policy(cfg, store)
-    scheduler = Scheduler(sched_cfg, verifier, drafters, policy,
+    scheduler = Scheduler(sched_cfg, VerifierClient(verifier), DrafterClients(drafters), policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store,
                           KVBudget(info.block_size, info.num_blocks, info.num_blocks),

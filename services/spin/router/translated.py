@@ -18,14 +18,13 @@ import logging
 
 from ..engine.sampling import SamplingParams
 from ..engine.translate import TranslatedContext, Translator
+from ..engine.tree import TokenTree
 from ..policy.base import StepChoice
-from ..rpc.convert import sampling_to_proto
-from ..v1 import drafter_pb2, token_tree_pb2
-from .pool import ReplicaPool
 from .requests import RouterRequest
+from .services import DraftTask, Service
 
 log = logging.getLogger(__name__)
-GREEDY = sampling_to_proto(SamplingParams())
+GREEDY = SamplingParams()
 """What a translated drafter drafts with: its most likely tokens."""
 
 
@@ -48,19 +47,17 @@ class TranslatedDrafters:
         ctx.extend(r.context_from(ctx.seen))
         return ctx
 
-    def task(self, pool: ReplicaPool, r: RouterRequest, c: StepChoice,
-             name: str) -> drafter_pb2.DraftTask:
+    def task(self, drafter: Service, r: RouterRequest, c: StepChoice, name: str) -> DraftTask:
         """The draft task for request ``r`` (a greedy chain of ``c.k`` draft tokens), its context
         in draft tokens; ``r.synced[name]`` counts draft tokens."""
         ctx = self.context(r, name)
-        keep, delta = ctx.sync(pool.route(r.request_id, r.synced.get(name, 0)))
+        keep, delta = ctx.sync(drafter.route(r.request_id, r.synced.get(name, 0)))
         r.synced[name] = len(ctx.draft)
-        return drafter_pb2.DraftTask(request_id=r.request_id, keep=keep, context_delta=delta,
-                                     k=c.k, sampling=GREEDY, traceparent=r.traceparent,
-                                     tracestate=r.tracestate, stop_below=c.stop_below)
+        return DraftTask(r.request_id, keep, list(delta), c.k, GREEDY,
+                         traceparent=r.traceparent, tracestate=r.tracestate,
+                         stop_below=c.stop_below)
 
-    def tree(self, r: RouterRequest, name: str, tree: token_tree_pb2.TokenTree,
-             k: int) -> token_tree_pb2.TokenTree | None:
+    def tree(self, r: RouterRequest, name: str, tree: TokenTree, k: int) -> TokenTree | None:
         """The drafted chain as a chain of at most ``k`` target tokens; None when it translates
         to nothing (or translation fails: that costs the step's draft, never the request)."""
         ctx = r.translated.get(name)
@@ -71,4 +68,4 @@ class TranslatedDrafters:
             return None
         if not tokens:
             return None
-        return token_tree_pb2.TokenTree(tokens=tokens, parents=range(-1, len(tokens) - 1))
+        return TokenTree.chain(tokens)

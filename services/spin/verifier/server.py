@@ -23,12 +23,13 @@ from ..engine.model_runner import RunnerConfig, describe
 from ..engine.verifier import Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
-from ..policy.decompose import ForwardCost, decompose, padded_fraction
+from ..policy.cost_model import CostModel
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_from_proto
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
+from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,16 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
 
     def __init__(self, model_path: str | Path, runner: RunnerConfig = RunnerConfig(),
                  name: str | None = None, decompose: bool = True,
-                 forward_cost: ForwardCost | None = None) -> None:
+                 cost_model: CostModel | None = None) -> None:
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
         self.verifier = Verifier(runner.load(model_path))
         self.tokenizer = load_identity(model_path)
         self.decompose = decompose
-        """Split batches into sub-batches that pad less (``policy/decompose.py``)."""
-        self.forward_cost = forward_cost or ForwardCost()
+        """Split batches into sub-batches that pad less (``decompose.py``)."""
+        self.cost_model = cost_model or default_cost_model()
+        """What a decomposition prices its forwards by: a fitted model of the target's forward
+        when there is one, else ``decompose.default_cost_model``."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
         metrics.NUM_PREEMPTIONS.labels("verifier", self.name)  # exported at 0 from the start
 
@@ -124,7 +127,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                                     f"(--max-model-len {runner.max_len})")
             work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
                                                          tree, sampling, keep=task.keep)))
-        split = _Split(self.forward_cost if self.decompose else None)
+        split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
         verdicts = self.verifier.verify([r for _, r in work], split)
         if split.sizes:
             metrics.VERIFY_PADDED_FRACTION.observe(padded_fraction(split.sizes, split.groups))
@@ -145,17 +148,17 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
 
 
 class _Split:
-    """The verifier's split of a batch into forwards (``policy/decompose.py``), remembered for
-    the padding metrics."""
+    """The verifier's split of a batch into forwards (``decompose.py``; one forward without a
+    group cost), remembered for the padding metrics."""
 
-    def __init__(self, cost: ForwardCost | None) -> None:
-        self.cost = cost
+    def __init__(self, group_cost: GroupCost | None) -> None:
+        self.group_cost = group_cost
         self.sizes: list[tuple[int, int]] = []
         self.groups: list[list[int]] = []
 
     def __call__(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
         self.sizes = sizes
-        self.groups = (decompose(sizes, self.cost) if self.cost is not None
+        self.groups = (decompose(sizes, self.group_cost) if self.group_cost is not None
                        else [list(range(len(sizes)))])
         return self.groups
 

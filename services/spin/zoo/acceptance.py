@@ -17,10 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..engine.prompt_lookup import prompt_lookup
+from ..engine.prompt_lookup import PROMPT_LOOKUP, prompt_lookup  # noqa: F401 (re-export)
 from .distill import greedy_continue
-
-PROMPT_LOOKUP = "prompt-lookup"
 
 
 @torch.inference_mode()

@@ -5,7 +5,10 @@ or a whole prompt for a new request) and attends over the longest context (``k``
 prefilling 200 tokens next to fifteen 5-token verifications makes all sixteen pay for 200 rows.
 Running it as its own forward costs one more launch but removes the padding.
 
-Cost of one forward over a group g (a simple model; its constants come from the cost model):
+A group's cost is a callable ``group_cost(rows, max_q, max_k) -> seconds``: the fitted cost
+model's verification forward with every request padded to ``max_q`` new tokens and ``max_k``
+context (``CostModel.predict_padded_verify``). Without a fitted model, ``default_cost_model``
+stands in::
 
     launch + per_token * |g| * max_q(g) + per_attention * |g| * max_q(g) * max_k(g)
 
@@ -15,27 +18,29 @@ dynamic program over split points, O(n^2) for n requests (n <= a few hundred).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+
+from ..policy.cost_model import CostModel
+
+GroupCost = Callable[[int, int, int], float]
+"""(rows, max_q, max_k) -> seconds of one forward over a group of ``rows`` requests."""
+
+DEFAULT_VERIFY: tuple[float, float, float, float, float] = (0.009, 0.0, 1e-4, 0.0, 2e-8)
+"""(c0, c1, c2, c3, c4) of the verification model when none is fitted: a launch of 9 ms (weights
+streamed once, kernel launches), 0.1 ms per padded new-token row and 20 ns per padded (row x
+context position) pair; the batch and context terms are 0."""
 
 
-@dataclass(frozen=True)
-class ForwardCost:
-    """Constants of the per-forward cost model (seconds)."""
-
-    launch: float = 0.009
-    """Fixed cost of one forward (weights streamed once, kernel launches)."""
-    per_token: float = 1e-4
-    """Per padded new-token row."""
-    per_attention: float = 2e-8
-    """Per padded (row x context position) pair."""
-
-    def group(self, rows: int, max_q: int, max_k: int) -> float:
-        return self.launch + self.per_token * rows * max_q + self.per_attention * rows * max_q * max_k
+def default_cost_model() -> CostModel:
+    """The verification cost a verifier without a fitted model decomposes by
+    (``DEFAULT_VERIFY``)."""
+    return CostModel(verify=DEFAULT_VERIFY)
 
 
-def decompose(sizes: list[tuple[int, int]], cost: ForwardCost = ForwardCost(),
+def decompose(sizes: list[tuple[int, int]], group_cost: GroupCost | None = None,
               max_groups: int | None = None) -> list[list[int]]:
-    """Groups of request indices (each group one forward) minimising the modelled cost.
+    """Groups of request indices (each group one forward) minimising the summed ``group_cost``
+    (default: ``default_cost_model``'s).
 
     ``sizes[i]`` = (new tokens q, context length after them k) of request i. Groups come out in
     ascending (q, k) order; ``max_groups`` caps the number of forwards.
@@ -43,6 +48,7 @@ def decompose(sizes: list[tuple[int, int]], cost: ForwardCost = ForwardCost(),
     n = len(sizes)
     if n == 0:
         return []
+    cost = group_cost or default_cost_model().predict_padded_verify
     order = sorted(range(n), key=lambda i: sizes[i])
     q = [sizes[i][0] for i in order]
     k = [sizes[i][1] for i in order]
@@ -57,7 +63,7 @@ def decompose(sizes: list[tuple[int, int]], cost: ForwardCost = ForwardCost(),
             max_k = 0
             for i in range(j - 1, g - 2, -1):  # last group = order[i:j]; q is sorted: max_q = q[j-1]
                 max_k = max(max_k, k[i])
-                c = best[g - 1][i] + cost.group(j - i, q[j - 1], max_k)
+                c = best[g - 1][i] + cost(j - i, q[j - 1], max_k)
                 if c < best[g][j]:
                     best[g][j], cut[g][j] = c, i
     g = min(range(1, limit + 1), key=lambda g: best[g][n])

@@ -1,0 +1,243 @@
+"""``spin bench``: benchmarks, each measured side by side in one run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..zoo.specs import FAMILY_DIR
+from .flags import fail, policy_overrides, positive, write_json
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    """``spin bench engine|attention|services|policy|fit|ab``."""
+    bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    for add in (_add_engine, _add_attention, _add_services, _add_policy, _add_fit, _add_ab):
+        add(bsub)
+
+
+def _add_engine(bsub: argparse._SubParsersAction) -> None:
+    be = bsub.add_parser("engine", help="engine vs transformers, speculation on vs off")
+    be.add_argument("--quick", action="store_true", help="fewer prompts and k (<= 4 min on 2 cores)")
+    be.add_argument("--json", help="write the report as JSON to this file")
+    be.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    be.set_defaults(func=_bench_engine)
+
+
+def _add_attention(bsub: argparse._SubParsersAction) -> None:
+    ba = bsub.add_parser("attention", help="attention over the paged KV cache: SDPA on a view, "
+                         "on gathered blocks, FlexAttention (one layer, CPU)")
+    ba.add_argument("--compile", action="store_true", help="time FlexAttention compiled")
+    ba.add_argument("--json", help="write the rows as JSON to this file")
+    ba.set_defaults(func=_bench_attention)
+
+
+def _add_services(bsub: argparse._SubParsersAction) -> None:
+    bs = bsub.add_parser("services", help="the engine in process vs through the gRPC services")
+    bs.add_argument("--drafter", default="draft-code")
+    bs.add_argument("--k", type=positive(int), default=4)
+    bs.add_argument("--prompts", type=positive(int), default=6)
+    bs.add_argument("--json", help="write the report as JSON to this file")
+    bs.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bs.set_defaults(func=_bench_services)
+
+
+def _add_policy(bsub: argparse._SubParsersAction) -> None:
+    bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")
+    bp.add_argument("--quick", action="store_true", help="fewer requests and rates (<= 12 min)")
+    bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
+    bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bp.set_defaults(func=_bench_policy)
+
+
+def _add_fit(bsub: argparse._SubParsersAction) -> None:
+    bf = bsub.add_parser("fit", help="how well prompt agreement picks the drafter that fits a "
+                         "request (the learned policy's prompt fit)")
+    bf.add_argument("--prompts", type=positive(int), default=0,
+                    help="held-out prompts, spread over the domains (default: all)")
+    bf.add_argument("--new-tokens", type=positive(int), default=64)
+    bf.add_argument("--cost-model", type=Path, default=None,
+                    help="cost model file from `spin profile` (default: build/cost_model.json "
+                         "when it exists): ranks by goodput and reports goodput lost")
+    bf.add_argument("--json", help="write the report as JSON to this file")
+    bf.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bf.set_defaults(func=_bench_fit)
+
+
+def _add_ab(bsub: argparse._SubParsersAction) -> None:
+    ab = bsub.add_parser("ab", help="two learned-policy settings side by side, request by request")
+    ab.add_argument("--a", default="{}", help="setting A: JSON overrides (like --policy-config)")
+    ab.add_argument("--b", default="{}", help="setting B: JSON overrides")
+    ab.add_argument("--rounds", type=positive(int), default=3, help="passes (per-request medians)")
+    ab.add_argument("--requests", type=positive(int), default=9, help="mixed workload size")
+    ab.add_argument("--seed", type=int, default=0, help="seed of the mixed workload")
+    ab.add_argument("--json", help="write the report as JSON to this file")
+    ab.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    ab.set_defaults(func=_bench_ab)
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from ..bench.engine import EngineBenchConfig, run_engine_bench
+
+    report = run_engine_bench(EngineBenchConfig(family_dir=args.family_dir, quick=args.quick))
+    for domain, row in report["domains"].items():
+        alone = row["target_alone_tok_s"]
+        print(f"{domain:6s} target alone {alone:7.1f} tok/s | HF generate "
+              f"{row['hf_generate_tok_s']:7.1f} | HF assisted best {row['hf_assisted_best_tok_s']:7.1f} "
+              f"({row['hf_assisted_best_draft']}) | spec best {row['spec_best_tok_s']:7.1f} "
+              f"({row['spec_best_drafter']}, k={row['spec_best_k']}, tau={row['tau']:.2f}) "
+              f"= {row['spec_best_tok_s'] / alone:.2f}x alone, "
+              f"{row['spec_best_tok_s'] / row['hf_generate_tok_s']:.2f}x HF generate, "
+              f"{row['spec_best_tok_s'] / row['hf_assisted_best_tok_s']:.2f}x HF assisted")
+        for name, best in row["spec_by_drafter"].items():
+            print(f"         {name:17s} best k={best['k']} {best['tok_s']:7.1f} tok/s "
+                  f"({best['tok_s'] / alone:.2f}x alone), tau {best['tau']:.2f}, "
+                  f"efficiency {best['efficiency']:.2f}")
+    for b, row in report["batch"].items():
+        print(f"batch {b:>2s}: spec off {row['spec_off_tok_s']:7.1f} tok/s, on "
+              f"{row['spec_on_tok_s']:7.1f} tok/s ({row['spec_on_tok_s'] / row['spec_off_tok_s']:.2f}x), "
+              f"tau {row['tau']:.2f}, efficiency {row['efficiency']:.2f} "
+              "(each request with its domain's best drafter and k)")
+    print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
+    write_json(args.json, report)
+    return 0 if report["lossless"] else 1
+
+
+def _bench_attention(args: argparse.Namespace) -> int:
+    import warnings
+
+    from ..bench.attention import run_attention_bench
+
+    warnings.filterwarnings("ignore", module="torch.nn.attention.flex_attention")
+    rows = run_attention_bench(compile_flex=args.compile)
+    flex = "flex compiled" if args.compile else "flex eager"
+    print(f"{'batch':>5} {'context':>7} {'new':>3} | {'contiguous':>10} {'paged view':>10} "
+          f"{'paged gather':>12} {flex:>13} (ms per layer, medians; flex's first call s)")
+    for r in rows:
+        view = f"{r['paged_view_ms']:10.3f}" if "paged_view_ms" in r else f"{'-':>10}"
+        print(f"{r['batch']:5d} {r['context']:7d} {r['new_tokens']:3d} | {r['contiguous_ms']:10.3f} "
+              f"{view} {r['paged_gather_ms']:12.3f} {r['flex_ms']:13.3f} "
+              f"({r['flex_first_call_s']:.1f} s)")
+    write_json(args.json, {"rows": rows, "flex_compiled": args.compile})
+    return 0
+
+
+def _bench_services(args: argparse.Namespace) -> int:
+    from ..bench.services import ServicesBenchConfig, run_services_bench
+
+    r = run_services_bench(ServicesBenchConfig(family_dir=args.family_dir, drafter=args.drafter,
+                                               k=args.k, prompts=args.prompts))
+    t = r["tok_s"]
+    print(f"{r['drafter']} k={r['k']}, {r['prompts']} prompts x {r['new_tokens']} tokens, "
+          f"tau {r['tau']:.2f}")
+    print(f"speculation on : in process {t['inproc_on']:7.1f} tok/s | services {t['rpc_on']:7.1f} "
+          f"tok/s = {r['ratio_services_vs_inprocess']:.2f}x "
+          f"(median per prompt {r['ratio_median_per_prompt']:.2f}x)")
+    print(f"speculation off: in process {t['inproc_off']:7.1f} tok/s | services "
+          f"{t['rpc_off']:7.1f} tok/s = {r['ratio_services_vs_inprocess_off']:.2f}x")
+    for label, st in (("on", r["router_step_ms"]), ("off", r["router_step_ms_off"])):
+        print(f"router step, speculation {label:3s} (mean of {st['steps']}): {st['step']:.2f} ms = "
+              f"draft wait {st['draft_wait']:.2f} + verify wait {st['verify_wait']:.2f} "
+              f"(+ bookkeeping); RPC overhead {st['rpc_overhead']:.2f} ms per step")
+    print(f"in-process step with speculation: {r['inprocess_step_ms']:.2f} ms; "
+          f"lossless: {r['lossless']}")
+    write_json(args.json, r)
+    return 0 if r["lossless"] else 1
+
+
+def _bench_policy(args: argparse.Namespace) -> int:
+    from ..bench.policy import PolicyBenchConfig, run_policy_bench
+
+    out = Path(args.json) if args.json else None
+    r = run_policy_bench(PolicyBenchConfig(family_dir=args.family_dir, quick=args.quick), out)
+    g = r["goodput"]
+    print(f"goodput (tok/s, one request at a time, {r['requests']} mixed requests x "
+          f"{r['new_tokens']} tokens): learned {g['learned']:.1f} | best fixed {g['best_fixed']:.1f} "
+          f"({g['best_fixed_config']}) | oracle {g['oracle']:.1f} | off {g['off']:.1f}")
+    print(f"learned / best fixed = {g['learned'] / g['best_fixed']:.2f}x, learned / oracle = "
+          f"{g['learned'] / g['oracle']:.2f}x, learned / off = {g['learned'] / g['off']:.2f}x "
+          f"(best fixed and oracle chosen on other passes than they are timed on; on the same: "
+          f"{g['learned'] / g['best_fixed_in_sample']:.2f}x and "
+          f"{g['learned'] / g['oracle_in_sample']:.2f}x)")
+    for row in r["sweep"]:
+        print(f"rate {row['rate']:6.2f}/s ({row['load_fraction']:.1f} of capacity): mean latency "
+              f"auto {row['auto_mean_latency_s']:.2f} s, off {row['off_mean_latency_s']:.2f} s, "
+              f"best fixed {row['best_fixed_mean_latency_s']:.2f} s; auto p99 "
+              f"{row['auto_p99_latency_s']:.2f} s")
+    pl = r["pipeline"]
+    if "skipped" in pl:
+        print(f"pipeline: skipped ({pl['skipped']})")
+    else:
+        print(f"pipeline ({pl['requests']} concurrent requests, draft-code k=4, verifier on cores "
+              f"{pl['cpus']['verifier']}, drafter and routers on "
+              f"{pl['cpus']['drafters_and_routers']}): step {1e3 * pl['step_s']:.1f} ms with two "
+              f"micro-batches vs {1e3 * pl['step_s_unpipelined']:.1f} ms with one (draft "
+              f"{1e3 * pl['draft_s']:.1f} ms, "
+              f"verify {1e3 * pl['verify_s']:.1f} ms: step / max = "
+              f"{pl['step_s'] / pl['max_draft_verify_s']:.2f}); {pl['tokens_per_s_on']:.1f} vs "
+              f"{pl['tokens_per_s_off']:.1f} tok/s; on shared cores "
+              f"{pl['tokens_per_s_shared_cores']['two']:.1f} vs "
+              f"{pl['tokens_per_s_shared_cores']['one']:.1f} tok/s")
+    dc = r["decomposition"]
+    print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
+          f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "
+          f"{1e3 * dc['off']['step_s']:.1f} ms in one, padding {100 * dc['off']['padded_fraction']:.0f}%")
+    fit, serving = r["cost_model_mape"] or {}, r["cost_model_serving_mape"]
+    print("cost model error (MAPE): fit " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in fit.items())
+          + (f"; serving (learned steps) {100 * serving:.1f}%" if serving is not None else ""))
+    print(f"lossless mismatches {r['lossless_mismatches']}")
+    if out:
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0 if r["lossless_mismatches"] == 0 else 1
+
+
+def _bench_fit(args: argparse.Namespace) -> int:
+    from ..bench.fit import FitBenchConfig, run_fit_bench
+    from ..bench.profile import DEFAULT_COST_MODEL
+
+    cost = args.cost_model
+    if cost is None and DEFAULT_COST_MODEL.exists():
+        cost = DEFAULT_COST_MODEL
+    r = run_fit_bench(FitBenchConfig(family_dir=args.family_dir, prompts=args.prompts,
+                                     new_tokens=args.new_tokens, cost_model=cost))
+    print(f"{r['prompts']} held-out prompts; which drafter has the best acceptance on the "
+          f"target's output, picked by "
+          + (f"(goodput lost: cost model {cost}):" if cost else "(no cost model):"))
+    for signal, v in r["signals"].items():
+        switched = f" ({v['switched']} switched)" if "switched" in v else ""
+        if "scorers_per_prompt" in v:  # the replayed prompt fit: drafters that scored a prompt
+            switched += f", {v['scorers_per_prompt']:.2f} scorers per prompt"
+        good = (f", mean goodput lost {100 * v['mean_goodput_lost']:.1f}%"
+                if "mean_goodput_lost" in v else "")
+        print(f"  {signal:24s} {v['hits']:4d} hits, mean acceptance lost "
+              f"{v['mean_acceptance_lost']:.3f}{good}{switched}")
+    print("acceptance (greedy agreement with the target's output): all requests | requests the "
+          "drafter fits best by prompt")
+    for name, v in r["acceptance"].items():
+        fit = "-" if v["best_fit"] is None else f"{v['best_fit']:.2f}"
+        print(f"  {name:18s} {v['all']:.2f} | {fit} ({v['best_fit_requests']} requests)")
+    write_json(args.json, r)
+    return 0
+
+
+def _bench_ab(args: argparse.Namespace) -> int:
+    from ..bench.ab import ABConfig, run_ab
+
+    for flag, text in (("--a", args.a), ("--b", args.b)):
+        try:
+            policy_overrides(text)
+        except ValueError as e:
+            return fail("bench ab", f"{flag}: {e}")
+    r = run_ab(ABConfig(a=args.a, b=args.b, rounds=args.rounds, requests=args.requests,
+                        seed=args.seed, family_dir=args.family_dir))
+    for row in r["requests"]:
+        print(f"{row['domain']:10s}  A {row['a']:.3f} s  B {row['b']:.3f} s  "
+              f"prompt lookup {row['prompt_lookup']:.3f} s")
+    t = r["total_s"]
+    print(f"total (medians of {r['rounds']} rounds): A {t['a']:.2f} s, B {t['b']:.2f} s, prompt "
+          f"lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
+          f"(< 1: B faster); prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
+          f"/ B = {r['prompt_lookup_over_b']:.3f}")
+    write_json(args.json, r)
+    return 0

@@ -1,0 +1,37 @@
+"""``spin generate``: a client of the router, streaming one completion."""
+
+from __future__ import annotations
+
+import argparse
+
+from .flags import fail, positive
+
+
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    """``spin generate PROMPT``."""
+    gen = sub.add_parser("generate", help="stream one completion from a running router")
+    gen.add_argument("prompt")
+    gen.add_argument("--endpoint", default="127.0.0.1:50051", help="the router (host:port)")
+    gen.add_argument("--max-tokens", type=positive(int), default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--speculation", default="auto",
+                     help="auto (the router's policy), off, or a drafter name")
+    gen.add_argument("--k", type=int, default=0, help="k for a named drafter (0 = router's)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--steps", action="store_true",
+                     help="then print every verification step: drafter, k, accepted, ms, and "
+                          "the policy's predicted ms")
+    gen.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ..client import GenerateArgs, generate
+
+    if not args.prompt:
+        return fail("generate", "the prompt is empty")
+    return generate(GenerateArgs(args.prompt, args.endpoint, args.max_tokens, args.temperature,
+                                 args.top_p, args.top_k, args.seed, args.speculation, args.k,
+                                 tuple(args.stop), args.steps))

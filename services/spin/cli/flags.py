@@ -1,0 +1,230 @@
+"""Flags shared by several ``spin`` subcommands, each beside the function that writes its config
+back to flags (the child processes of ``spin serve`` get their settings that way).
+
+``model_flags``/``runner_config``/``runner_argv``: where a model runs and how much KV cache it
+gets (``RunnerConfig``); ``service_flags``/``server_config``/``server_argv``: where a service
+listens (``ServerConfig``) and the cores it runs on. Each ``*_argv`` is the exact inverse of its
+parser: parsing what it writes gives back an equal config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the modules behind these import torch and grpc: not for `spin --help`
+    from ..engine.model_runner import RunnerConfig
+    from ..rpc.serving import ServerConfig
+
+
+# ---- argument types -----------------------------------------------------------------------------
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argument type: ``kind(text)``, which must be > 0."""
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def size(text: str) -> int:
+    """An argument type: a memory size (``64MiB``, ``20GiB``, bytes) in bytes."""
+    from ..engine.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def fraction(text: str) -> float:
+    """An argument type: a float in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def device(text: str) -> str:
+    """An argument type: auto, cpu, cuda or cuda:N."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def cpu_list(text: str) -> list[int]:
+    """An argument type: cores such as ``1`` or ``0,2-3`` (``cpus.parse_cpus``)."""
+    from ..cpus import parse_cpus
+
+    try:
+        return parse_cpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""The ``--dtype`` choices."""
+
+
+# ---- the model: RunnerConfig --------------------------------------------------------------------
+
+def model_flags(p: argparse.ArgumentParser) -> None:
+    """Where a model runs and how much KV cache it gets (verifier, drafter, serve, plan)."""
+    p.add_argument("--device", type=device, default="auto",
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weights and KV cache (auto: float32 on the CPU, the checkpoint's on CUDA)")
+    p.add_argument("--kv-cache-memory", type=size, metavar="SIZE",
+                   help="KV cache budget, e.g. 64MiB or 20GiB (default: 512MiB on the CPU; on "
+                        "CUDA what --gpu-memory-utilization leaves after weights and activations)")
+    p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9, metavar="F",
+                   help="share of the GPU this process may use (CUDA; default 0.9)")
+    p.add_argument("--max-model-len", type=positive(int), metavar="N",
+                   help="longest request, prompt + output (default: the model's context, or what "
+                        "the KV cache holds if that is less); longer requests are refused")
+    p.add_argument("--max-seqs", "--slots", dest="max_seqs", type=positive(int), default=64,
+                   help="requests held at once (no memory is set aside for them)")
+    p.add_argument("--block-size", type=positive(int), default=16, help="tokens per KV block")
+
+
+def quantize_flag(p: argparse.ArgumentParser) -> None:
+    """``--quantize``: the drafter's weights (the one ``RunnerConfig`` field only a drafter
+    takes: the target's weights stay as they are, or its output would change)."""
+    p.add_argument("--quantize", choices=("none", "int8"), default="none",
+                   help="int8: int8 weights on CPU (faster drafts; the output is the "
+                        "target's either way, the acceptance rate may change)")
+
+
+def runner_config(args: argparse.Namespace) -> RunnerConfig:
+    """The ``RunnerConfig`` of ``model_flags`` (and ``--quantize``, where the parser has it)."""
+    from ..engine.model_runner import RunnerConfig
+
+    return RunnerConfig(device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        max_model_len=args.max_model_len, max_seqs=args.max_seqs,
+                        block_size=args.block_size, quantize=getattr(args, "quantize", "none"))
+
+
+def runner_argv(runner: RunnerConfig) -> list[str]:
+    """``runner`` as the flags ``runner_config`` reads back (``--quantize`` only when it is not
+    'none': a drafter's parser has it, the others do not)."""
+    argv = ["--device", runner.device, "--dtype", runner.dtype,
+            "--gpu-memory-utilization", repr(runner.gpu_memory_utilization),
+            "--max-seqs", str(runner.max_seqs), "--block-size", str(runner.block_size)]
+    if runner.kv_cache_memory is not None:
+        argv += ["--kv-cache-memory", str(runner.kv_cache_memory)]
+    if runner.max_model_len is not None:
+        argv += ["--max-model-len", str(runner.max_model_len)]
+    if runner.quantize != "none":
+        argv += ["--quantize", runner.quantize]
+    return argv
+
+
+# ---- the service: ServerConfig and --cpus -------------------------------------------------------
+
+def service_flags(p: argparse.ArgumentParser, port: int) -> None:
+    """Where a service (verifier, drafter, router) listens, how it stops, its cores."""
+    p.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, default=port, help="gRPC port (0 = a free one)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus port (0 = a free one; default: none)")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    p.add_argument("--cpus", type=cpu_list, metavar="LIST",
+                   help="run on these cores only, e.g. 1 or 0,2-3 (Linux; default: all)")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ``ServerConfig`` of ``service_flags`` (``--cpus`` is ``args.cpus``)."""
+    from ..rpc.serving import ServerConfig
+
+    return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                        grace_s=args.grace)
+
+
+def server_argv(server: ServerConfig, cpus: list[int] | None = None) -> list[str]:
+    """``server`` (and the cores ``cpus``, None = all) as the flags ``service_flags`` parses."""
+    from ..cpus import format_cpus
+
+    argv = ["--host", server.host, "--port", str(server.port), "--grace", repr(server.grace_s)]
+    if server.metrics_port is not None:
+        argv += ["--metrics-port", str(server.metrics_port)]
+    if cpus is not None:
+        argv += ["--cpus", format_cpus(cpus)]
+    return argv
+
+
+def place(args: argparse.Namespace) -> None:
+    """Pin the process to ``--cpus``, if given (before it starts threads of its own)."""
+    from ..cpus import pin
+
+    if args.cpus is not None:
+        pin(args.cpus)
+
+
+def threads(args: argparse.Namespace) -> None:
+    """Pin the process to ``--cpus`` (if given), then set torch's threads: ``--threads``, else
+    one per pinned core."""
+    import torch
+
+    place(args)
+    n = args.threads or len(args.cpus or ())
+    if n:
+        torch.set_num_threads(n)
+
+
+def service_logging() -> None:
+    """A service's log lines (it says what it runs)."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# ---- values of several commands -----------------------------------------------------------------
+
+def policy_overrides(text: str | None) -> dict:
+    """The JSON object of ``--policy-config``, checked against the learned policy's settings
+    (ValueError naming what is wrong)."""
+    from ..policy.learned import LearnedPolicy, learned_config
+
+    if not text:
+        return {}
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"needs a JSON object, got {text!r}")
+    LearnedPolicy(learned_config(overrides))  # ValueError naming a bad setting or value
+    return overrides
+
+
+def named_models(specs: list[str], what: str) -> dict[str, str]:
+    """NAME=PATH_OR_NAME flags -> {name: checkpoint} (ValueError naming the bad one)."""
+    out = {}
+    for spec in specs:
+        name, sep, model = spec.partition("=")
+        if not sep or not name or not model:
+            raise ValueError(f"{what} wants NAME=PATH_OR_NAME, got {spec!r}")
+        out[name] = model
+    return out
+
+
+def fail(command: str, message: object) -> int:
+    """Print ``spin <command>: <message>`` to stderr; the exit status of bad input (2)."""
+    print(f"spin {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def write_json(path: str | None, report: dict) -> None:
+    """Write a command's report as JSON to ``path`` (if given) and say so."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {path}")

@@ -1,0 +1,92 @@
+"""``spin serve``: the whole system on this machine (``spin.serve``), or its memory plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..router.config import RouterConfig, SchedulerConfig
+from ..zoo.specs import FAMILY_DIR
+from .flags import fail, model_flags, named_models, policy_overrides, positive, runner_config, size
+from .services import default_drafter
+
+if TYPE_CHECKING:
+    from ..serve import ServeConfig
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    """``spin serve`` (``serve_config`` reads its flags)."""
+    sv = sub.add_parser("serve", help="the whole system on this machine (the embedded default)")
+    sv.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=50051)
+    sv.add_argument("--metrics-port", type=int, default=0)
+    sv.add_argument("--drafters", help="comma-separated draft models (default: all)")
+    sv.add_argument("--default-drafter", default=PROMPT_LOOKUP)
+    sv.add_argument("--default-k", type=positive(int), default=4)
+    sv.add_argument("--max-batch", type=positive(int), default=32)
+    sv.add_argument("--max-queue", type=positive(int), default=256)
+    sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.add_argument("--drafter-quantize", choices=("auto", "none", "int8"), default="auto",
+                    help="the draft models' weights: int8 drafts faster on CPU, and the output is "
+                         "the target's either way (auto: int8 where this torch has the kernels)")
+    sv.add_argument("--micro-batches", type=positive(int), default=1,
+                    help="micro-batches in flight in the router (2 = pipelined)")
+    sv.add_argument("--cpus", choices=("shared", "split"), default="shared",
+                    help="split: the verifier on cores of its own, the drafters and the router "
+                         "on the others (for --micro-batches 2 on a CPU-only machine: drafting "
+                         "and verification then run at once without slowing each other)")
+    sv.add_argument("--policy", choices=("learned", "fixed"), default="learned",
+                    help="the router's policy (learned profiles the machine on first start)")
+    sv.add_argument("--policy-config", help="JSON overrides of the learned policy's settings "
+                    "(see `spin router --help`)")
+    sv.add_argument("--target", help="the target: a checkpoint directory or a Hugging Face name "
+                    "in the local cache (default: the demo family's target)")
+    sv.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH_OR_NAME",
+                    help="a draft model (repeatable; default: the demo family's draft models)")
+    model_flags(sv)
+    sv.add_argument("--drafter-kv-cache-memory", type=size, metavar="SIZE",
+                    help="each drafter's KV cache budget (default: its device's default: "
+                         "512MiB on the CPU, its share of the GPU on CUDA)")
+    sv.add_argument("--dry-run", action="store_true",
+                    help="print what each service would load and hold (weights, KV bytes per "
+                         "token, blocks, concurrent tokens), then exit (1 if one cannot fit)")
+    sv.add_argument("--gpu-memory", type=size, metavar="SIZE",
+                    help="with --dry-run: the GPU's memory, e.g. 80GiB (to plan CUDA here)")
+    sv.set_defaults(func=_serve)
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The ``ServeConfig`` of ``spin serve``'s flags; ValueError saying which is wrong."""
+    from ..serve import ServeConfig
+
+    overrides = policy_overrides(args.policy_config)
+    drafter_models = named_models(args.drafter, "--drafter") if args.drafter else None
+    router = RouterConfig(default_drafter=default_drafter(args.default_drafter),
+                          default_k=args.default_k, policy=args.policy, policy_config=overrides,
+                          scheduler=SchedulerConfig(max_batch=args.max_batch,
+                                                    max_queue=args.max_queue,
+                                                    micro_batches=args.micro_batches))
+    return ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
+                       metrics_port=args.metrics_port,
+                       drafters=args.drafters.split(",") if args.drafters else None,
+                       router=router, redis=not args.no_redis, cpus=args.cpus,
+                       drafter_quantize=args.drafter_quantize, target=args.target,
+                       drafter_models=drafter_models, runner=runner_config(args),
+                       drafter_kv_cache_memory=args.drafter_kv_cache_memory)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = serve_config(args)
+    except ValueError as e:
+        return fail("serve", e)
+    if args.dry_run:
+        from ..plan import plan_serve
+
+        return plan_serve(cfg, args.gpu_memory)
+    from ..serve import serve
+
+    return serve(cfg)

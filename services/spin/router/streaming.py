@@ -1,0 +1,129 @@
+"""A request's client stream, as plain events: the tokens each step accepted, their text, and at
+the end the finish reason, usage and speculation statistics; or an error that ends it.
+
+The scheduler hands ``Streamer.emit`` the tokens a verification step produced; it cuts them at
+``max_tokens`` or the end-of-sequence token, turns them into text (``requests.TextStream``:
+incremental, stop strings held back until they cannot match) and puts one ``Chunk`` on the
+request's ``out`` queue. ``server.py`` turns each event into a ``spin.v1.GenerateResponse`` (a
+``RequestError`` into the call's status); nothing here knows the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from .accounting import StepInfo
+from .requests import RouterRequest, TextStream
+
+FinishReason = Literal["length", "stop"]
+ErrorCode = Literal["invalid_argument", "resource_exhausted", "unavailable", "internal"]
+"""Why a request failed; ``server.py`` maps each to its gRPC status."""
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Ends a client stream with an error."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class DrafterUsage:
+    """One drafter's part in a request."""
+
+    drafter: str
+    steps: int
+    draft_tokens: int
+    accepted_tokens: int
+
+
+@dataclass(frozen=True)
+class SpeculationStats:
+    """A request's speculation, over all its steps."""
+
+    steps: int
+    steps_without_speculation: int
+    draft_tokens: int
+    accepted_tokens: int
+    tau: float
+    """Tokens per verification step."""
+    drafters: tuple[DrafterUsage, ...]
+    """By drafter name."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One message of a request's stream: what one verification step produced."""
+
+    request_id: str
+    token_ids: list[int]
+    """Newly accepted tokens (cut at ``max_tokens`` or the end-of-sequence token)."""
+    text: str
+    """Their text: what can be sent now (stop strings and incomplete characters held back)."""
+    step: StepInfo
+    finish: FinishReason | None = None
+    """Set on the last message only, with ``usage`` and ``speculation``."""
+    usage: Usage | None = None
+    speculation: SpeculationStats | None = None
+
+
+StreamEvent = Chunk | RequestError
+"""What a request's ``out`` queue carries."""
+
+
+class Streamer:
+    """The client streams of the running requests."""
+
+    def __init__(self, decode: Callable[[list[int]], str], eos_id: int | None) -> None:
+        self.decode = decode
+        self.eos_id = eos_id
+        self._text: dict[str, TextStream] = {}
+
+    def open(self, r: RouterRequest) -> None:
+        self._text[r.request_id] = TextStream(self.decode, r.stop)
+
+    def close(self, r: RouterRequest) -> None:
+        self._text.pop(r.request_id, None)
+
+    def fail(self, r: RouterRequest, code: ErrorCode, message: str) -> None:
+        r.out.put_nowait(RequestError(code, message))
+
+    def emit(self, r: RouterRequest, tokens: list[int], step: StepInfo) -> Chunk:
+        """Append a step's ``tokens`` to ``r`` and send them; the chunk sent (``finish`` set when
+        the request is done: the caller finishes it)."""
+        start = len(r.generated)
+        finish: FinishReason | None = None
+        for tok in tokens:
+            r.generated.append(tok)
+            if len(r.generated) >= r.max_tokens:
+                finish = "length"
+                break
+            if tok == self.eos_id and not r.ignore_eos:
+                finish = "stop"
+                break
+        text, hit = self._text[r.request_id].push(r.generated, final=finish is not None)
+        if hit:
+            finish = "stop"
+        done = finish is not None
+        chunk = Chunk(r.request_id, r.generated[start:], text, step, finish,
+                      Usage(len(r.prompt), len(r.generated)) if done else None,
+                      _speculation(r) if done else None)
+        r.out.put_nowait(chunk)
+        return chunk
+
+
+def _speculation(r: RouterRequest) -> SpeculationStats:
+    return SpeculationStats(
+        r.steps, r.steps_off, r.draft_tokens, r.accepted_tokens,
+        len(r.generated) / r.steps if r.steps else 0.0,
+        tuple(DrafterUsage(name, t.steps, t.draft_tokens, t.accepted_tokens)
+              for name, t in sorted(r.tallies.items())))

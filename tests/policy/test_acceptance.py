@@ -1,0 +1,78 @@
+"""The acceptance tracker: a discounted truncated-geometric estimate per request and drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spin.policy.acceptance import AcceptanceTracker
+from spin.policy.goodput import ControllerConfig
+
+
+def _geometric_steps(rng: np.random.Generator, a: float, k: int, n: int) -> list[int]:
+    """Accepted tokens of ``n`` chain steps: successes before the first failure, capped at k."""
+    return [min(int(rng.geometric(1 - a)) - 1, k) for _ in range(n)]
+
+
+@pytest.mark.parametrize("a", [0.2, 0.5, 0.7, 0.9])
+def test_estimator_converges_to_true_acceptance(a: float) -> None:
+    rng = np.random.default_rng(int(a * 100))
+    t = AcceptanceTracker(ControllerConfig(ema=0.02))
+    t.set_population({"d": 0.5})
+    for acc in _geometric_steps(rng, a, 4, 200):
+        t.update("r", "d", 4, acc)
+    assert t.get("r", "d") == pytest.approx(a, abs=0.05)
+    assert t.observations("r", "d") == 200
+
+
+def test_estimator_is_unbiased_under_censoring_with_default_ema() -> None:
+    # k = 2 censors most runs at a = 0.8; the estimate still centres on a (a naive EMA of
+    # accepted/k would centre on E[min(G, 2)]/2 = 0.72, and of accepted/(accepted+1) lower still).
+    rng = np.random.default_rng(7)
+    t = AcceptanceTracker(ControllerConfig())
+    est = []
+    for acc in _geometric_steps(rng, 0.8, 2, 3000):
+        t.update("r", "d", 2, acc)
+        est.append(t.get("r", "d"))
+    assert np.mean(est[100:]) == pytest.approx(0.8, abs=0.03)
+
+
+def test_tracker_seed_prior_min_observations_and_release() -> None:
+    t = AcceptanceTracker(ControllerConfig(prior_acceptance=0.4, min_observations=2))
+    assert t.get("r", "d") == 0.4
+    t.set_population({"d": 0.9, "e": 1.5})
+    assert t.get("r", "d") == 0.9 and t.get("r", "e") == 1.0 and t.get("r", "x") == 0.4
+    t.update("r", "d", 4, 0)
+    assert t.get("r", "d") == 0.9  # one observation < min_observations
+    t.update("r", "d", 4, 0)
+    assert t.get("r", "d") < 0.9
+    t.update("r", "d", 0, 0)  # k = 0: no information
+    assert t.observations("r", "d") == 2
+    assert t.get("other", "d") == 0.9
+    t.release("r")
+    assert t.get("r", "d") == 0.9 and t.observations("r", "d") == 0
+    t.release("never-seen")
+    with pytest.raises(ValueError):
+        t.update("r", "d", 3, 4)
+
+
+def test_tracker_all_accepted_moves_towards_one() -> None:
+    t = AcceptanceTracker(ControllerConfig())
+    t.set_population({"d": 0.5})
+    for _ in range(30):
+        t.update("r", "d", 4, 4)
+    assert t.get("r", "d") > 0.98
+
+
+def test_agreement_evidence_moves_the_estimate_like_draft_tokens() -> None:
+    tr = AcceptanceTracker(ControllerConfig(prior_trials=2.0), population={"d": 0.5})
+    tr.add_evidence("r", "d", 18, 2)  # 18 of 20 positions agreed
+    assert tr.get("r", "d") == pytest.approx((1 + 18) / (2 + 20))
+    tr.add_evidence("r", "e", 0, 10)  # unknown drafter: the default prior, then the evidence
+    assert tr.get("r", "e") < 0.1
+
+
+def test_a_tracker_without_settings_takes_the_controllers_defaults() -> None:
+    t = AcceptanceTracker()
+    assert t.cfg == ControllerConfig()
+    assert t.get("r", "d") == ControllerConfig().prior_acceptance

@@ -1,0 +1,67 @@
+"""ScoringRounds: who scores a request when (prompt, output rounds, lookup rescoring, runner-up
+rounds), what the calls feed, and when a runner-up takes the best-fitting drafter's place."""
+
+from __future__ import annotations
+
+from spin.policy.acceptance import AcceptanceTracker
+from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice
+from spin.policy.goodput import ControllerConfig
+from spin.policy.learned_config import learned_config
+from spin.policy.prompt_fit import PromptFit
+from spin.policy.request_state import RequestState
+from spin.policy.scoring_rounds import ScoringRounds
+
+MODELS = {"draft-code", "draft-prose"}
+DRAFTERS = MODELS | {PROMPT_LOOKUP}
+
+
+def _rounds(**overrides) -> ScoringRounds:
+    return ScoringRounds(learned_config(overrides), PromptFit(prune_after=0),
+                         AcceptanceTracker(ControllerConfig()), lambda rid, d, rate: rate)
+
+
+def _view(generated: int, mode: str = "auto", remaining: int = 100) -> RequestView:
+    return RequestView("r", 100 + generated, generated, remaining, True, mode)
+
+
+def test_the_prompt_then_output_rounds_then_prompt_lookup_rescoring() -> None:
+    rounds, state = _rounds(score_rounds=2, score_every=10), RequestState()
+    asked = {g: rounds.scorers(_view(g), state, "draft-code", DRAFTERS, DRAFTERS)
+             for g in range(0, 30)}
+    assert asked[0] == ("draft-code", "draft-prose")  # every model drafter scores the prompt
+    assert asked[4] == tuple(sorted(DRAFTERS)) and asked[14] == tuple(sorted(DRAFTERS))
+    assert state.scored == 2
+    assert asked[5] == asked[20] == (PROMPT_LOOKUP,)  # free: the new tokens of every step
+    assert rounds.scorers(_view(29), state, PROMPT_LOOKUP, DRAFTERS, DRAFTERS) == ()
+    assert rounds.scorers(_view(0, "off"), RequestState(), None, set(), DRAFTERS) == ()
+    short = _view(0, remaining=4)  # ends before its first output round: no prompt scoring
+    assert rounds.scorers(short, RequestState(), PROMPT_LOOKUP, DRAFTERS, DRAFTERS) == ()
+
+
+def test_work_counts_the_model_drafters_calls_and_the_tokens_each_has_not_seen() -> None:
+    state = RequestState()
+    first = [StepChoice(PROMPT_LOOKUP, 4, score=("draft-code", "draft-prose"))]
+    assert ScoringRounds.work([_view(0)], [state], first) == (2, 200)  # both prefill 100 tokens
+    later = [StepChoice("draft-code", 4, score=("draft-code", "draft-prose", PROMPT_LOOKUP))]
+    # draft-code drafts (no scoring call), prompt lookup scores in the router: draft-prose only
+    assert ScoringRounds.work([_view(7)], [state], later) == (1, 7)
+    assert state.fed == {"draft-code": 107, "draft-prose": 107}
+
+
+def test_a_runner_up_that_predicts_the_output_better_takes_over_once_per_round() -> None:
+    rounds, state = _rounds(runner_up_every=8, lookup_rescore=False), RequestState()
+    rounds.fit.observe_prompt("r", "draft-prose", 62, 100)
+    rounds.fit.observe_prompt("r", "draft-code", 56, 100)  # a runner-up: within 0.1
+    assert rounds.fit.fitting("r") == ("draft-prose",)
+    state.scored = 1  # after the first output round
+    state.own = {"draft-prose": [2.0, 6.0]}  # its own steps: 25% accepted
+    assert rounds.scorers(_view(7), state, "draft-prose", DRAFTERS, DRAFTERS) == ()
+    assert rounds.scorers(_view(8), state, "draft-prose", DRAFTERS, DRAFTERS) == ("draft-code",)
+    assert state.next_round == 16 and state.own == {}
+    rounds.judge("r", state, "draft-code", 0.35)  # not better by runner_up_switch (0.15)
+    assert rounds.fit.fitting("r") == ("draft-prose",) and not state.pending_runners
+    rounds.judge("r", state, "draft-code", 0.9)  # that round is over
+    assert rounds.fit.fitting("r") == ("draft-prose",)
+    assert rounds.scorers(_view(16), state, "draft-prose", DRAFTERS, DRAFTERS) == ("draft-code",)
+    rounds.judge("r", state, "draft-code", 0.9)  # no steps meanwhile: its estimate, 0.5
+    assert rounds.fit.fitting("r") == ("draft-code",)

@@ -1,0 +1,144 @@
+"""A service's own step times: measured on itself at start (or loaded from the cache of an
+earlier start) and reported in its ``ModelInfo``, so that every router fits its cost model from
+what its replicas report. No profile step anywhere: ``spin serve`` and the Helm chart alike.
+
+The verifier times target forwards over a grid of (batch, new tokens, context), a drafter its
+draft calls over (batch, k, context): ``spin profile --quick``'s grid (``bench/profile.py``),
+with the threads, cores, device, dtype and weights the service serves with, in its own process.
+Points the KV cache cannot hold at once are left out. The measurement takes tens of seconds on
+a CPU and is cached under ``$XDG_CACHE_HOME/spin/step-times/`` (``~/.cache`` without it), keyed
+by everything it depends on (the model's files, device, dtype, weights, threads, cores, torch's
+version, the grid), so a restart loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tqdm import tqdm
+
+from ..engine.drafter import ModelDrafter
+from ..engine.model_runner import ModelRunner
+from ..policy.cost_model import DraftSample, VerifySample
+from ..v1 import model_info_pb2
+
+log = logging.getLogger(__name__)
+
+StepTimesMode = Literal["auto", "measure", "off"]
+"""auto: load from the cache, else measure and cache; measure: always measure; off: none (the
+router then needs a cost model file, or plans k from its batch-size table)."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What a service measures (``spin profile --quick``'s grid)."""
+
+    batches: tuple[int, ...] = (1, 4, 16, 32)
+    tokens: tuple[int, ...] = (1, 5, 9)
+    """New tokens per request of a verification forward."""
+    ks: tuple[int, ...] = (1, 4, 8)
+    """Levels of a draft call."""
+    contexts: tuple[int, ...] = (64, 384)
+    reps: int = 3
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spin" / "step-times"
+
+
+def _key(role: str, runner: ModelRunner, model_path: str, grid: Grid, quantized: bool) -> str:
+    """What the measurement depends on, hashed."""
+    path = Path(model_path)
+    files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
+                   for p in path.iterdir() if p.is_file()) if path.is_dir() else model_path
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parts = [role, str(path.resolve()) if path.exists() else model_path, files,
+             str(runner.device), str(runner.dtype), quantized, torch.get_num_threads(), cores,
+             torch.__version__, asdict(grid)]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def _cached(key: str, measure, mode: StepTimesMode, cache: Path | None) -> list[dict]:
+    path = (cache or cache_dir()) / f"{key}.json"
+    if mode == "auto" and path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("step times in %s unreadable (%s): measuring again", path, e)
+    rows = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(path)
+    except OSError as e:  # a read-only home: measured each start, served all the same
+        log.warning("cannot cache step times in %s: %s", path, e)
+    return rows
+
+
+def verifier_times(runner: ModelRunner, model_path: str, mode: StepTimesMode = "auto",
+                   cache: Path | None = None, grid: Grid = Grid()) -> list[VerifySample]:
+    """The verifier's forwards over the grid (measured or cached; [] with mode off)."""
+    from ..bench.profile import profile_verify
+
+    if mode == "off":
+        return []
+
+    def measure() -> list[dict]:
+        points = len(grid.contexts) * len(grid.batches) * len(grid.tokens)
+        with tqdm(total=points, desc="measuring verify steps", unit="point", file=sys.stderr,
+                  mininterval=2.0) as bar:
+            samples = profile_verify(runner, grid.batches, grid.tokens, grid.contexts,
+                                     grid.reps, bar)
+        return [asdict(s) for s in samples]
+
+    rows = _cached(_key("verifier", runner, model_path, grid, False), measure, mode, cache)
+    return [VerifySample(**r) for r in rows]
+
+
+def drafter_times(drafter: ModelDrafter, model_path: str, mode: StepTimesMode = "auto",
+                  cache: Path | None = None, grid: Grid = Grid(), quantized: bool = False,
+                  ) -> list[DraftSample]:
+    """The drafter's calls over the grid (measured or cached; [] with mode off)."""
+    from ..bench.profile import profile_draft
+
+    if mode == "off":
+        return []
+
+    def measure() -> list[dict]:
+        points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
+        with tqdm(total=points, desc=f"measuring {drafter.name}'s draft steps", unit="point",
+                  file=sys.stderr, mininterval=2.0) as bar:
+            samples = profile_draft(drafter.name, drafter, grid.batches, grid.ks, grid.contexts,
+                                    grid.reps, bar)
+        return [asdict(s) for s in samples]
+
+    rows = _cached(_key("drafter", drafter.runner, model_path, grid, quantized), measure, mode,
+                   cache)
+    return [DraftSample(**{**r, "drafter": drafter.name}) for r in rows]
+
+
+def to_proto(samples: list[VerifySample] | list[DraftSample]) -> list[model_info_pb2.StepTime]:
+    """Samples as ``ModelInfo.step_times`` (tokens: new tokens scored, or k)."""
+    return [model_info_pb2.StepTime(
+        batch=s.batch, tokens=s.scored_tokens if isinstance(s, VerifySample) else s.k,
+        context_tokens=s.context_tokens, seconds=s.seconds) for s in samples]
+
+
+def verify_from_proto(info: model_info_pb2.ModelInfo) -> list[VerifySample]:
+    return [VerifySample(t.batch, t.tokens, t.context_tokens, t.seconds) for t in info.step_times
+            if t.batch > 0 and t.seconds > 0 and t.tokens >= t.batch]
+
+
+def draft_from_proto(name: str, info: model_info_pb2.ModelInfo) -> list[DraftSample]:
+    return [DraftSample(name, t.batch, t.tokens, t.context_tokens, t.seconds)
+            for t in info.step_times if t.batch > 0 and t.seconds > 0 and t.tokens >= 0]

@@ -6,7 +6,6 @@ These tests break their own embedded deployment (one drafter, no Redis), apart f
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import signal
 import subprocess
@@ -99,37 +98,6 @@ def test_spin_serve_prints_the_endpoint_and_stops_on_ctrl_c(tmp_path: Path) -> N
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def test_the_cost_model_is_measured_again_for_other_drafter_weights(tmp_path: Path) -> None:
-    """``spin serve`` profiles when the cost model is missing, unreadable, or was measured with
-    other drafter weights (a file from before int8 drafters counts as 'none'), another number
-    of verifier threads (a file from before they were recorded counts as 2), or other models,
-    device or dtype than it serves."""
-    from spin.serve import _cost_model_stale
-
-    models = {"target": "t", "drafters": {"d": "dd"}, "device": "auto", "dtype": "auto"}
-    path = tmp_path / "cost_model.json"
-    assert "none yet" in _cost_model_stale(path, "int8", 2, models)
-    path.write_text(json.dumps({"version": 1, "models": models}))
-    assert _cost_model_stale(path, "none", 2, models) is None
-    assert ("measured with drafter weights 'none', serving 'int8'"
-            == _cost_model_stale(path, "int8", 2, models))
-    assert ("measured with 2 verifier threads, serving with 1"
-            == _cost_model_stale(path, "none", 1, models))
-    path.write_text(json.dumps({"version": 1, "drafter_quantize": "int8", "threads": 1,
-                                "models": models}))
-    assert _cost_model_stale(path, "int8", 1, models) is None
-    assert ("measured with 1 verifier threads, serving with 2"
-            == _cost_model_stale(path, "int8", 2, models))
-    other = dict(models, dtype="bfloat16")
-    assert "other models, device or dtype" in _cost_model_stale(path, "int8", 1, other)
-    path.write_text('{"version": 1}')  # from before the models were recorded
-    assert "other models" in _cost_model_stale(path, "none", 2, models)
-    path.write_text("{not json")
-    assert "unreadable" in _cost_model_stale(path, "int8", 2, models)
-    path.write_text("[1, 2]")
-    assert "not a JSON object" in _cost_model_stale(path, "int8", 2, models)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="splitting cores needs 2")

@@ -14,7 +14,6 @@ would merge them, so each child names itself (``spin-router``, ``spin-verifier``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -70,9 +69,9 @@ class ServeConfig:
     """The router's policy, default drafter and k, batching and cost model, as ``spin router``
     takes them (``cli.services.router_argv`` passes them on). ``serve`` fills in ``verifier``
     and ``drafters`` with the services it starts, ``tokenizer`` when '' with the target's,
-    ``redis_url`` when it starts a redis-server, and ``cost_model`` when None with
-    ``DEFAULT_COST_MODEL``: the learned policy's cost model, measured by ``spin profile --quick``
-    when missing or measured for other models."""
+    ``redis_url`` when it starts a redis-server. Without a ``cost_model`` file the router fits
+    its cost model from the step times the services measure on themselves at start
+    (``rpc/step_times.py``)."""
     redis: bool = True
     """Start a redis-server for statistics when the binary exists."""
     log_dir: Path = field(default_factory=lambda: BUILD_DIR.parent / "serve")
@@ -148,37 +147,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _cost_model_stale(path: Path, quantize: str, threads: int, models: dict) -> str | None:
-    """Why the cost model at ``path`` must be measured (again), or None: missing, unreadable, or
-    measured with other drafter weights (a file without the field predates int8 drafters),
-    another number of verifier threads (without the field: 2, what ``spin serve`` gave before
-    it recorded them), or other models, device or dtype (``models``: what the profile records
-    under that key)."""
-    if not path.exists():
-        return "none yet; once"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return f"unreadable ({e})"
-    if not isinstance(raw, dict):
-        return "unreadable (not a JSON object)"
-    measured = raw.get("drafter_quantize", "none")
-    if measured != quantize:
-        return f"measured with drafter weights {measured!r}, serving {quantize!r}"
-    measured_threads = raw.get("threads", 2)
-    if measured_threads != threads:
-        return f"measured with {measured_threads} verifier threads, serving with {threads}"
-    if raw.get("models") != models:
-        return "measured with other models, device or dtype"
-    return None
-
-
 def _spin(*args: str) -> list[str]:
     return [sys.executable, "-m", "spin", *args]
 
-
-DEFAULT_COST_MODEL = BUILD_DIR.parent / "cost_model.json"
-"""The learned policy's cost model when ``ServeConfig.router.cost_model`` is None."""
 
 VERIFIER_GPU_SHARE = 0.75
 """On one GPU shared by every service, the verifier's share of ``--gpu-memory-utilization``;
@@ -191,11 +162,6 @@ def service_runner(runner: RunnerConfig, kv_cache_memory: int | None, gpu_share:
     and ``gpu_share`` of ``gpu_memory_utilization`` (to 4 decimals, as ``plan`` plans it)."""
     return replace(runner, kv_cache_memory=kv_cache_memory, quantize=quantize,
                    gpu_memory_utilization=float(f"{runner.gpu_memory_utilization * gpu_share:.4f}"))
-
-
-def cost_model_path(cfg: ServeConfig) -> Path:
-    """The cost model file the router of ``cfg`` plans with."""
-    return Path(cfg.router.cost_model) if cfg.router.cost_model else DEFAULT_COST_MODEL
 
 
 def drafter_quantization(cfg: ServeConfig) -> str:
@@ -249,9 +215,6 @@ class Embedded:
             if cfg.cpus == "split":
                 side_cpus, verifier_cpus = split(available_cpus())
                 verifier_threads = len(verifier_cpus)
-            cost_model = cost_model_path(cfg)
-            if cfg.router.policy == "learned":
-                self._measure(cost_model, target, drafter_models, quantize, verifier_threads, env)
             share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
             loopback = ServerConfig(port=0, metrics_port=0)
             verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
@@ -268,7 +231,7 @@ class Embedded:
                 c.wait_ready(timeout_s)
             router = replace(
                 cfg.router, verifier=f"127.0.0.1:{self.children[0].port}",
-                tokenizer=cfg.router.tokenizer or target, cost_model=str(cost_model),
+                tokenizer=cfg.router.tokenizer or target,
                 drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
                           for c in self.children[1:]},
                 redis_url=redis_url or cfg.router.redis_url)
@@ -296,24 +259,6 @@ class Embedded:
         self.redis = RedisServer()
         self.redis.start()
         return self.redis.url
-
-    def _measure(self, cost_model: Path, target: str, drafter_models: dict[str, str],
-                 quantize: str, verifier_threads: int, env: dict[str, str]) -> None:
-        """Profile this machine into ``cost_model`` when it is missing or measured for other
-        models, weights or threads (``_cost_model_stale``)."""
-        cfg = self.cfg
-        served = {"target": target, "drafters": drafter_models, "device": cfg.runner.device,
-                  "dtype": cfg.runner.dtype}
-        stale = _cost_model_stale(cost_model, quantize, verifier_threads, served)
-        if not stale:
-            return
-        print(f"measuring this machine for the cost model ({cost_model}: {stale}) ...", flush=True)
-        subprocess.run(_spin("profile", "--quick", "--target", target, *(
-            a for n, m in drafter_models.items() for a in ("--drafter", f"{n}={m}")),
-            "--device", cfg.runner.device, "--dtype", cfg.runner.dtype, "--out",
-            str(cost_model), "--threads", str(verifier_threads),
-            "--drafter-threads", str(cfg.drafter_threads), "--drafter-quantize",
-            quantize), check=True, env=env)
 
     def stop(self, grace_s: float = 30.0) -> None:
         for c in sorted(self.children, key=lambda c: c.role != "router"):  # router first: drain

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -25,7 +25,7 @@ from loadgen.workload import build_workload
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
-from ..zoo.specs import BUILD_DIR, FAMILY_DIR
+from ..zoo.specs import FAMILY_DIR
 from .policy import PolicyBenchConfig, _run
 
 
@@ -47,8 +47,9 @@ class ABConfig:
     """Seed of the mixed workload (``spin bench policy`` times seed 0 and sweeps seed 1)."""
     family_dir: Path = FAMILY_DIR
     """The model family both deployments serve."""
-    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
-    """The cost model both deployments' learned policies use (measured first when missing)."""
+    cost_model: Path | None = None
+    """A cost model file both deployments' learned policies use; None: each router fits one
+    from its services' step times."""
 
 
 def run_ab(cfg: ABConfig) -> dict:
@@ -58,7 +59,8 @@ def run_ab(cfg: ABConfig) -> dict:
     workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
 
     def deployment(overrides: str) -> Embedded:
-        router = RouterConfig(policy="learned", cost_model=str(cfg.cost_model),
+        router = RouterConfig(policy="learned",
+                              cost_model=str(cfg.cost_model) if cfg.cost_model else None,
                               policy_config=json.loads(overrides))
         return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
                                     log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-ab-"))))

@@ -33,7 +33,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -47,7 +47,7 @@ from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..router.config import RouterConfig, SchedulerConfig
 from ..serve import Child, Embedded, ServeConfig, _spin
 from ..verifier.decompose import decompose, padded_fraction
-from ..zoo.specs import BUILD_DIR, FAMILY_DIR
+from ..zoo.specs import FAMILY_DIR
 from .services import _router_times
 
 
@@ -60,7 +60,9 @@ class PolicyBenchConfig:
     """Fewer requests, k values and rates (at most 12 minutes on 2 cores)."""
     new_tokens: int = 64
     seed: int = 0
-    cost_model: Path = field(default_factory=lambda: BUILD_DIR.parent / "cost_model.json")
+    cost_model: Path | None = None
+    """A cost model file for the router (``spin profile``); None: the router fits one from the
+    step times the services measure on themselves at start, as in a deployment."""
 
     @property
     def requests(self) -> int:
@@ -109,14 +111,34 @@ def _run(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBench
     return results, wall
 
 
+def replica_fit_error(emb: Embedded) -> dict[str, float]:
+    """The fit error of the cost model the router fits from what the services report."""
+    from ..router.cost import ReplicaCosts
+    from ..v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+    costs = ReplicaCosts(None, 0.0)
+    for c in emb.children:
+        with grpc.insecure_channel(f"127.0.0.1:{c.port}") as ch:
+            if c.role == "verifier":
+                costs.verify = []
+                costs.verifier(verifier_pb2_grpc.VerifierStub(ch).GetVerifierInfo(
+                    verifier_pb2.GetVerifierInfoRequest(), timeout=30).info)
+            elif c.role.startswith("drafter-"):
+                name = c.role.removeprefix("drafter-")
+                costs.drafter(name, drafter_pb2_grpc.DrafterStub(ch).GetDrafterInfo(
+                    drafter_pb2.GetDrafterInfoRequest(), timeout=30).info)
+    return costs.fit_error()
+
+
 def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> dict:
     workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-policy-"))
     report: dict = {"requests": cfg.requests, "new_tokens": cfg.new_tokens, "quick": cfg.quick}
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir,
-                              router=RouterConfig(policy="learned",
-                                                  cost_model=str(cfg.cost_model)))) as emb:
+                              router=RouterConfig(policy="learned", cost_model=(
+                                  str(cfg.cost_model) if cfg.cost_model else None)))) as emb:
         ep = emb.endpoint
+        fit_error = replica_fit_error(emb)
         drafters = [c.role.removeprefix("drafter-") for c in emb.children
                     if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
         # 1. goodput, one request at a time; rounds interleave every configuration so that the
@@ -200,10 +222,11 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
         shared = _shared_cores(emb, cfg)
     report["pipeline"], wrong = _pipeline(cfg, log_dir, shared)
     mismatches += wrong
-    # the profile's fit error on its own points (spin serve measured it on first start), and in
+    # the fit's error on its own points (the services' step times, or the profile's), and in
     # serving: |predicted - measured| / measured over the learned policy's steps, where the
     # measured step also holds the router's round trips and scoring calls
-    report["cost_model_mape"] = json.loads(cfg.cost_model.read_text()).get("fit_mape")
+    report["cost_model_mape"] = (json.loads(cfg.cost_model.read_text()).get("fit_mape")
+                                 if cfg.cost_model else fit_error)
     report["cost_model_serving_mape"] = err_sum / err_count if err_count else None
     report["lossless_mismatches"] = mismatches
     report["decomposition"] = _decomposition(cfg)

@@ -110,8 +110,13 @@ def profile_verify(runner: ModelRunner, batches, tokens, contexts, reps: int,
 def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps: int,
                   bar: tqdm) -> list[DraftSample]:
     samples = []
+    blocks = drafter.runner.cache.blocks
     for ctx in contexts:
         for b in batches:
+            if (b * blocks.blocks_for(ctx + max(ks) + 1) > blocks.free_blocks
+                    or b > blocks.free_seqs):
+                bar.update(len(ks))  # more than the cache holds at once
+                continue
             ids = [f"profile-{name}-{ctx}-{b}-{i}" for i in range(b)]
             contexts_ = [tuple(range(3 + i, 3 + i + ctx)) for i in range(b)]
             try:

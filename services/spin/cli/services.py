@@ -36,6 +36,13 @@ def _service(sub: argparse._SubParsersAction, name: str, help: str,
     return sp
 
 
+def _step_times(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--step-times", choices=("auto", "measure", "off"), default="auto",
+                    help="measure this service's step times at start and report them to the "
+                         "routers, which fit their cost model from them (auto: load them from the "
+                         "cache of an earlier start when there is one; off: report none)")
+
+
 def add_verifier(sub: argparse._SubParsersAction) -> None:
     """``spin verifier``: the target model as a service."""
     sp = _service(sub, "verifier", "the verifier service (target model)", 50061)
@@ -44,6 +51,7 @@ def add_verifier(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     sp.add_argument("--no-decompose", action="store_true",
                     help="one forward per batch (no splitting into sub-batches)")
+    _step_times(sp)
     sp.set_defaults(func=_verifier)
 
 
@@ -55,6 +63,7 @@ def add_drafter(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     sp.add_argument("--name", help="drafter name (default: the directory name)")
     quantize_flag(sp)
+    _step_times(sp)
     sp.set_defaults(func=_drafter)
 
 
@@ -65,7 +74,7 @@ def _verifier(args: argparse.Namespace) -> int:
     threads(args)
     try:
         run(str(args.model), server_config(args), runner_config(args),
-            decompose=not args.no_decompose)
+            decompose=not args.no_decompose, step_times=args.step_times)
     except ValueError as e:  # a device, dtype or memory budget that cannot work
         return fail("verifier", e)
     return 0
@@ -77,7 +86,8 @@ def _drafter(args: argparse.Namespace) -> int:
     service_logging()
     threads(args)
     try:
-        run(str(args.model), args.name, server_config(args), runner_config(args))
+        run(str(args.model), args.name, server_config(args), runner_config(args),
+            step_times=args.step_times)
     except ValueError as e:
         return fail("drafter", e)
     return 0

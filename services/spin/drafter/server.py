@@ -23,10 +23,12 @@ from ..engine.model_runner import RunnerConfig, describe
 from ..engine.tree import TokenTree
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
+from ..policy.cost_model import DraftSample
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_to_proto
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
+from ..rpc.step_times import StepTimesMode, drafter_times, to_proto
 from ..v1 import drafter_pb2, drafter_pb2_grpc, model_info_pb2
 
 log = logging.getLogger(__name__)
@@ -39,14 +41,25 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                  runner: RunnerConfig = RunnerConfig()) -> None:
         self.name = name
         self.model_path = str(model_path)
+        self.quantized = runner.quantize != "none"
         self.tokenizer = load_identity(model_path)
         limit = self.tokenizer.size if self.tokenizer is not None else None
         self.drafter = ModelDrafter(name, runner.load(model_path, vocab_limit=limit))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
         metrics.NUM_PREEMPTIONS.labels("drafter", name)  # exported at 0 from the start
+        self.step_times: list[DraftSample] = []
+        """Draft calls this drafter timed on itself, reported in its model info."""
 
     def info(self) -> model_info_pb2.ModelInfo:
-        return model_info(self.name, self.model_path, self.drafter.runner, self.tokenizer)
+        info = model_info(self.name, self.model_path, self.drafter.runner, self.tokenizer)
+        info.step_times.extend(to_proto(self.step_times))
+        return info
+
+    def measure_step_times(self, mode: StepTimesMode = "auto") -> None:
+        """Time this drafter's calls on this process (or load them from an earlier start's
+        cache): the routers fit their cost model from them."""
+        self.step_times = drafter_times(self.drafter, self.model_path, mode,
+                                        quantized=self.quantized)
 
     async def GetDrafterInfo(self, request, context) -> drafter_pb2.GetDrafterInfoResponse:
         return drafter_pb2.GetDrafterInfoResponse(info=self.info())
@@ -126,11 +139,12 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
 
 
 def run(model: str, name: str | None, cfg: ServerConfig,
-        runner: RunnerConfig = RunnerConfig()) -> None:
-    """Load the model, then serve until SIGTERM."""
+        runner: RunnerConfig = RunnerConfig(), step_times: StepTimesMode = "auto") -> None:
+    """Load the model, time its draft calls, then serve until SIGTERM."""
     name = name or Path(model).name
     service = DrafterService(name, model, runner)
     log.info("drafter %s %s", name, describe(service.drafter.runner))
+    service.measure_step_times(step_times)
     cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
     cfg.trace_service = f"spin-drafter-{name}"
     asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),

@@ -109,6 +109,11 @@ class Policy(Protocol):
         """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``)."""
         ...
 
+    def set_cost_model(self, cost) -> None:
+        """Plan with this ``CostModel`` from now on (the router fitted a new one: a drafter
+        joined)."""
+        ...
+
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
                      verify_s: float) -> None:
         """A step the policy predicted (its plan's ``prediction``) took
@@ -155,6 +160,9 @@ class FixedPolicy:
         return None
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+        return None
+
+    def set_cost_model(self, cost) -> None:
         return None
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],

@@ -355,6 +355,10 @@ class LearnedPolicy:
             return
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
+    def set_cost_model(self, cost: CostModel | None) -> None:
+        """Plan with ``cost`` from now on (calibration starts again from its constants)."""
+        self.controller.cost = cost
+
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
                      verify_s: float) -> None:
         """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); the

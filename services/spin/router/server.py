@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from pathlib import Path
 
 import grpc
 from transformers import AutoTokenizer
@@ -22,12 +21,14 @@ from ..engine.translate import Translator
 from ..engine.vocab import TokenizerId, identify, incompatibility
 from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
+from ..policy.cost_model import CostModel
 from ..rpc.convert import sampling_from_proto
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .admission import KVBudget
 from .clients import ServiceDown
 from .config import RouterConfig
+from .cost import ReplicaCosts
 from .discovery import Endpoints, KubernetesDiscovery
 from .pool import ReplicaPool
 from .requests import RouterRequest
@@ -147,24 +148,14 @@ def response(c: Chunk) -> generation_pb2.GenerateResponse:
     return msg
 
 
-def _policy(cfg: RouterConfig, store) -> Policy:
+def _policy(cfg: RouterConfig, store, cost: CostModel | None) -> Policy:
     if cfg.policy == "fixed":
         return FixedPolicy(cfg.default_drafter, cfg.default_k)
-    from ..policy.cost_model import CostModel
     from ..policy.goodput import ControllerConfig
     from ..policy.learned import LearnedPolicy, learned_config
 
-    cost = None
-    if cfg.cost_model and Path(cfg.cost_model).exists():
-        cost = CostModel.load(cfg.cost_model)
-        rpc = cfg.rpc_overhead_s
-        cost.verify = (cost.verify[0] + rpc, *cost.verify[1:])
-        cost.draft = {d: (c[0] + rpc, *c[1:]) for d, c in cost.draft.items()}
-        log.info("learned policy with the cost model %s (+%.1f ms per call)", cfg.cost_model,
-                 rpc * 1e3)
-    else:
-        log.warning("no cost model (%s): k comes from the batch-size table; run `spin profile`",
-                    cfg.cost_model)
+    if cost is None:
+        log.warning("no cost model: k comes from the batch-size table until one is fitted")
     pipelined = cfg.scheduler.micro_batches > 1  # step time = max(draft, verify), not the sum
     cfg_ = learned_config(cfg.policy_config, controller=ControllerConfig(pipelined=pipelined))
     return LearnedPolicy(cfg_, cost=cost, population=store.population)
@@ -194,12 +185,14 @@ def _tokenizer_id(info) -> TokenizerId | None:
 
 async def _check_drafter(name: str, pool: ReplicaPool, target: tuple[TokenizerId, int],
                          drafters: dict[str, ReplicaPool], rejected: set[str],
-                         tokenizer=None, translators: dict[str, Translator] | None = None) -> None:
+                         tokenizer=None, translators: dict[str, Translator] | None = None,
+                         costs: ReplicaCosts | None = None) -> None:
     """A drafter must tokenize as the target does (same tokens, whatever its embedding padding:
     ``engine/vocab.py``), or have a tokenizer of its own that the router can load (from the
     ``model_path`` it reports): then it drafts through token translation (``tokenizer`` is the
     target's; the drafter's ``Translator`` goes into ``translators``). One that can do neither is
-    never used, and the log says why."""
+    never used, and the log says why. A drafter that is used reports its step times to
+    ``costs``."""
     try:
         d = await pool.info(timeout_s=60)
     except ServiceDown as e:
@@ -215,7 +208,7 @@ async def _check_drafter(name: str, pool: ReplicaPool, target: tuple[TokenizerId
             log.warning("drafter %s (%s) drafts through token translation: %s; the router "
                         "re-tokenises its drafts into the target's tokens", name, d.model_path,
                         why)
-            return
+            why = None
         why += f"; translation needs the drafter's tokenizer files on the router ({problem})"
     if why is not None:
         log.error("drafter %s (%s) cannot draft for the target: %s; not using it", name,
@@ -224,6 +217,8 @@ async def _check_drafter(name: str, pool: ReplicaPool, target: tuple[TokenizerId
         if drafters.get(name) is pool:
             del drafters[name]
             await pool.close()
+    elif costs is not None:
+        costs.drafter(name, d)
 
 
 def _translator(tokenizer, path: str, draft: TokenizerId) -> tuple[Translator | None, str]:
@@ -252,10 +247,11 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     checks: set[asyncio.Task] = set()
     vocab: list[tuple[TokenizerId, int]] = []  # the target's tokenizer and rows, once known
     translators: dict[str, Translator] = {}  # drafters with another tokenizer the router reads
+    costs = ReplicaCosts(cfg.cost_model, cfg.rpc_overhead_s)
 
     def check(name: str, pool: ReplicaPool) -> None:
         task = asyncio.create_task(_check_drafter(name, pool, vocab[0], drafters, rejected,
-                                                  tokenizer, translators))
+                                                  tokenizer, translators, costs))
         checks.add(task)
         task.add_done_callback(checks.discard)
 
@@ -284,6 +280,7 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
                     "and outputs decoded with the router's", target_tokenizer.describe(),
                     served.describe())
     vocab.append((target_tokenizer, info.vocab_size))
+    costs.verifier(info)
     log.info("target %s (%s on %s, %s): %d KV blocks of %d tokens, max model len %d",
              info.name, info.model_path, info.device or "?", info.dtype or "?", info.num_blocks,
              info.block_size, info.max_context)
@@ -294,7 +291,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc())
              if cfg.redis_url else open_stats_store(None))
     if policy is None:
-        policy = _policy(cfg, store)
+        policy = _policy(cfg, store, costs.model())
+    costs.on_model = policy.set_cost_model
     scheduler = Scheduler(sched_cfg, VerifierClient(verifier), DrafterClients(drafters), policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store,

@@ -23,11 +23,12 @@ from ..engine.model_runner import RunnerConfig, describe
 from ..engine.verifier import Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
-from ..policy.cost_model import CostModel
+from ..policy.cost_model import CostModel, VerifySample
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_from_proto
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
+from ..rpc.step_times import StepTimesMode, to_proto, verifier_times
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
 from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
 
@@ -48,12 +49,24 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         """Split batches into sub-batches that pad less (``decompose.py``)."""
         self.cost_model = cost_model or default_cost_model()
         """What a decomposition prices its forwards by: a fitted model of the target's forward
-        when there is one, else ``decompose.default_cost_model``."""
+        when there is one (``measure_step_times``), else ``decompose.default_cost_model``."""
+        self.step_times: list[VerifySample] = []
+        """Forwards this verifier timed on itself, reported in its model info."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
         metrics.NUM_PREEMPTIONS.labels("verifier", self.name)  # exported at 0 from the start
 
     def info(self) -> model_info_pb2.ModelInfo:
-        return model_info(self.name, self.model_path, self.verifier.runner, self.tokenizer)
+        info = model_info(self.name, self.model_path, self.verifier.runner, self.tokenizer)
+        info.step_times.extend(to_proto(self.step_times))
+        return info
+
+    def measure_step_times(self, mode: StepTimesMode = "auto") -> None:
+        """Time the target's forwards on this process (or load them from an earlier start's
+        cache): the routers fit their cost model from them, and decomposition prices its
+        forwards by them."""
+        self.step_times = verifier_times(self.verifier.runner, self.model_path, mode)
+        if self.step_times:
+            self.cost_model = CostModel.fit(self.step_times)
 
     async def GetVerifierInfo(self, request, context) -> verifier_pb2.GetVerifierInfoResponse:
         return verifier_pb2.GetVerifierInfoResponse(info=self.info())
@@ -172,10 +185,11 @@ class BatchRejected(Exception):
 
 
 def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
-        decompose: bool = True) -> None:
-    """Load the target, then serve until SIGTERM."""
+        decompose: bool = True, step_times: StepTimesMode = "auto") -> None:
+    """Load the target, time its forwards, then serve until SIGTERM."""
     service = VerifierService(model, runner, decompose=decompose)
     log.info("verifier %s", describe(service.verifier.runner))
+    service.measure_step_times(step_times)
     cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
     cfg.trace_service = "spin-verifier"
     asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),

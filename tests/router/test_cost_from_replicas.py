@@ -1,0 +1,89 @@
+"""The cost model reaches every router: a verifier times its own forwards at start and reports
+them in its model info, and a router configured as the Helm chart configures it (no cost model
+file, no profile step) fits its goodput controller from them. Two processes, router and
+verifier: the router's choices are the fitted model's, k > 0 for a lone request and k = 0 when
+64 requests saturate the verifier (prompt lookup, whose drafts cost nothing, at an acceptance
+rate the fitted model prices that way)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from service_helpers import request
+
+from spin.policy.goodput import ControllerConfig, SpecLengthController
+from spin.router.cost import ReplicaCosts
+from spin.serve import Child
+from spin.v1 import generation_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+PROMPT = "def f(x):\n    return x\n\ndef g(x):\n    return x\n\ndef h(x):\n    return"
+RATES = (0.05, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3)
+
+
+def _spin(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spin", *args]
+
+
+def _steps(endpoint: str, n: int) -> list:
+    """The streamed steps of ``n`` concurrent requests naming prompt lookup without a k, but
+    their first two: the verifier prefills the requests admitted in a step, which the model
+    prices (the prompt's tokens make the step's fixed cost), and all arrive within two steps."""
+    def one(_: int) -> list:
+        with grpc.insecure_channel(endpoint) as ch:
+            stub = generation_pb2_grpc.GenerationStub(ch)
+            return [m.step for m in stub.Generate(
+                request(PROMPT, max_tokens=24, mode="drafter", drafter="prompt-lookup",
+                        ignore_eos=True), timeout=300)]
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return [s for steps in pool.map(one, range(n)) for s in steps[2:]]
+
+
+def test_a_router_plans_with_the_model_its_verifier_reports(family_dir: Path,
+                                                            tmp_path: Path) -> None:
+    verifier = Child("verifier", _spin("verifier", "--model", str(family_dir / "target"),
+                                       "--port", "0", "--threads", "2"), tmp_path, None)
+    router = None
+    try:
+        verifier.wait_ready(300)
+        with grpc.insecure_channel(f"127.0.0.1:{verifier.port}") as ch:
+            info = verifier_pb2_grpc.VerifierStub(ch).GetVerifierInfo(
+                verifier_pb2.GetVerifierInfoRequest(), timeout=30).info
+        assert len(info.step_times) >= 12  # the grid's points that fit the cache
+        costs = ReplicaCosts(None, 0.0015)  # the router's fit, round trips as it adds them
+        costs.verifier(info)
+        cost = costs.model()
+
+        def k(rate: float, batch: int) -> int:
+            c = SpecLengthController(cost, ControllerConfig(prior_acceptance=rate,
+                                                            min_observations=10 ** 6))
+            return c.choose([(f"r{i}", "prompt-lookup", 60) for i in range(batch)])[0]
+
+        rate = next((a for a in RATES if k(a, 1) > 0 and k(a, 16) == 0 and k(a, 64) == 0), None)
+        assert rate is not None, {a: (k(a, 1), k(a, 16)) for a in RATES}
+        # as the chart runs it: learned policy, no --cost-model; the acceptance pinned to `rate`,
+        # no k = 1 probes and no online calibration, so that its choices are the fitted model's
+        config = {"probe_every": 10 ** 6, "controller": {
+            "prior_acceptance": rate, "min_observations": 10 ** 6, "calibration": 0.0}}
+        router = Child("router", _spin(
+            "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
+            str(family_dir / "target"), "--port", "0", "--policy", "learned", "--max-batch",
+            "64", "--policy-config", json.dumps(config)), tmp_path, None)
+        router.wait_ready(120)
+        endpoint = f"127.0.0.1:{router.port}"
+        alone = _steps(endpoint, 1)
+        assert all(s.predicted_step_seconds > 0 for s in alone)  # a cost model is in use
+        assert any(s.k > 0 and s.batch_size == 1 for s in alone)
+        busy = [s for s in _steps(endpoint, 64) if s.batch_size >= 16]
+        assert len(busy) > 64 and all(s.k == 0 for s in busy), {s.k for s in busy}
+        assert all(s.predicted_step_seconds > 0 for s in busy)
+    finally:
+        for c in (router, verifier):
+            if c is not None:
+                c.stop(30)
+    log = (tmp_path / "router.log").read_text()
+    assert "cost model fitted on the replicas' step times" in log

@@ -59,7 +59,8 @@ def test_only_auto_chains_of_model_drafters_may_stop_early() -> None:
 def test_the_step_prediction_follows_how_much_of_k_early_stopping_chains_draft() -> None:
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
            PROMPT_LOOKUP: _stats(100, 10)}
-    policy = LearnedPolicy(learned_config({"stop_below": 0.2, "score_after": 0}), _cost(),
+    policy = LearnedPolicy(learned_config({"stop_below": 0.2, "score_after": 0, "trees": False}),
+                           _cost(),
                            population=lambda: pop)
     try:
         plan = policy.choose([_view("a")], DRAFTERS)
@@ -126,7 +127,8 @@ def test_a_named_drafter_without_its_k_gets_the_controllers_alone_in_its_batch()
     request in mode auto (it was 0 there: no speculation but a probe every ``probe_every``)."""
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
            PROMPT_LOOKUP: _stats(100, 10)}
-    policy = LearnedPolicy(learned_config({"stop_below": 0.25}), _cost(), population=lambda: pop)
+    policy = LearnedPolicy(learned_config({"stop_below": 0.25, "trees": False}), _cost(),
+                           population=lambda: pop)
     try:
         for _ in range(3):
             plan = policy.choose([_view("a", "drafter", "draft-code")], DRAFTERS)
@@ -151,7 +153,7 @@ def test_k_is_clipped_to_the_remaining_tokens() -> None:
 
 
 def test_predicted_step_time_is_exposed() -> None:
-    policy = LearnedPolicy(cost=_cost())
+    policy = LearnedPolicy(learned_config({"trees": False}), cost=_cost())
     plan = policy.choose([_view("a")], DRAFTERS)
     (c,) = plan
     # verify 10 ms + (k + 1) scored tokens x 0.1 ms, plus k draft levels x 1 ms for a model drafter

@@ -133,7 +133,8 @@ def run_scenario(name: str) -> list:
     """The scenario's plans, one per choose call, as ``_record`` writes them."""
     spec = SCENARIOS[name]
     rng = random.Random(sorted(SCENARIOS).index(name) + 1)
-    cfg = learned_config({"refresh_s": 3600.0, **spec["overrides"]})
+    # chains only: the recording predates token trees (``tree_choice.py``), which change choices
+    cfg = learned_config({"refresh_s": 3600.0, "trees": False, **spec["overrides"]})
     policy = LearnedPolicy(cfg, _cost() if spec.get("cost", True) else None,
                            population=_population if spec.get("population", True) else None)
     plans, running, arrived = [], [], 0

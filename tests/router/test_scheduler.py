@@ -169,6 +169,7 @@ class Recording(FixedPolicy):
         super().__init__(drafter, k, fallback=None)
         self.predict, self.stop_below = predict, stop_below
         self.observed: list[tuple[str, StepChoice, int]] = []
+        self.ranks: list = []
         self.scores: list[tuple[str, int, int]] = []
         self.steps: list[StepPrediction] = []
         self.released: list[str] = []
@@ -182,8 +183,9 @@ class Recording(FixedPolicy):
         return plan
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float) -> None:
+                verify_s: float, ranks=None) -> None:
         self.observed.append((request_id, choice, accepted))
+        self.ranks.append(ranks)
 
     def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
         self.scores.append((drafter, matches, positions))

@@ -123,6 +123,8 @@ class _Draft:
     """A chain's probability so far (``stop_below``)."""
     generator: torch.Generator | None = None
     """The request's generator for this step (sampling)."""
+    second: list[int] = field(default_factory=list)
+    """A greedy chain's runner-up token at each node's position."""
 
     @property
     def chain(self) -> bool:
@@ -137,6 +139,9 @@ class _Draft:
             self.tokens.append(int(tok))
             self.parents.append(parent)
             self.leaves.append(len(self.tokens) - 1)
+
+    def add_second(self, token: list[float]) -> None:
+        self.second.append(int(token[0]))
 
     def scale(self, prob: list[float]) -> None:
         self.sure *= prob[0]
@@ -256,7 +261,8 @@ class ModelDrafter:
                     d.frontier = [(n, out[i, n]) for n in d.leaves]
         for d in drafts:
             probs = torch.stack(d.rows) if d.rows else None
-            trees[d.request.request_id] = TokenTree(tuple(d.tokens), tuple(d.parents), probs)
+            trees[d.request.request_id] = TokenTree(tuple(d.tokens), tuple(d.parents), probs,
+                                                    tuple(d.second))
         return list(trees.values())
 
     def _expand(self, level: list[_Draft], depth: int) -> None:
@@ -270,9 +276,12 @@ class ModelDrafter:
                   for node, row in d.frontier]
         if greedy:
             rows = torch.stack([row for _, _, row in greedy])                          # [F, V']
-            top = rows.topk(max(d.request.shape(d.k)[depth] for d, _, _ in greedy)).indices  # [F, W]
+            width = max(2, *(d.request.shape(d.k)[depth] for d, _, _ in greedy))
+            top = rows.topk(min(width, rows.shape[-1])).indices                         # [F, W]
             for f, (d, node, row) in enumerate(greedy):
                 segments.append((top[f, :d.request.shape(d.k)[depth]], partial(d.add, node)))
+                if d.chain and top.shape[1] > 1:  # its runner-up (``TokenTree.second``)
+                    segments.append((top[f, 1:2], d.add_second))
                 if d.chain and d.request.stop_below > 0:  # the chosen token's probability
                     segments.append((torch.softmax(row.float(), -1)[top[f, :1]], d.scale))
         for d in level:

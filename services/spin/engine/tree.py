@@ -24,6 +24,10 @@ class TokenTree:
     """[N, V] draft distribution *at each node's position* (the distribution the node's token was
     drawn from), for stochastic verification; None when the tokens were chosen deterministically
     (argmax, top-b, prompt lookup), in which case verification treats them as one-hot drafts."""
+    second: tuple[int, ...] = field(default=(), compare=False)
+    """A greedy chain's runner-up: the drafter's second choice at each node's position (empty
+    when unknown). When the target rejects a node, whether its token was this one measures how
+    much a second branch would have added (``policy/tree_shape.py``)."""
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -34,6 +38,8 @@ class TokenTree:
         if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
             raise ValueError(f"draft_probs has {self.draft_probs.shape[0]} rows for "
                              f"{len(self.tokens)} nodes")
+        if self.second and len(self.second) != len(self.tokens):
+            raise ValueError(f"{len(self.second)} runner-up tokens for {len(self.tokens)} nodes")
 
     @classmethod
     def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> TokenTree:

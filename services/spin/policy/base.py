@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
+
+if TYPE_CHECKING:
+    from .tree_choice import TreeOutcome
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class RequestView:
     lookup_match: bool = True
     """Prompt lookup finds a match in the request's context now, so it would draft this step
     (the router looks before it asks)."""
+    lookup_branches: int = 1
+    """Continuations prompt lookup found that begin differently (2: it could draft a tree)."""
 
 
 class Policy(Protocol):
@@ -97,8 +102,10 @@ class Policy(Protocol):
         ...
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float) -> None:
-        """The outcome of a step: ``accepted`` draft tokens; the step's draft and verify seconds."""
+                verify_s: float, ranks: TreeOutcome | None = None) -> None:
+        """The outcome of a step: ``accepted`` draft tokens; the step's draft and verify seconds;
+        for a greedy draft, what its verification says of the drafter's ranks
+        (``tree_choice.outcome``)."""
         ...
 
     def release(self, request_id: str) -> None:
@@ -153,7 +160,7 @@ class FixedPolicy:
         return out
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float) -> None:
+                verify_s: float, ranks: TreeOutcome | None = None) -> None:
         return None
 
     def release(self, request_id: str) -> None:

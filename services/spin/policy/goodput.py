@@ -278,11 +278,13 @@ class SpecLengthController:
         return bt.goodput(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
 
     def predicted_parts(self, batch: list[tuple[str, str | None, int]], ks: list[float],
-                        extra: int = 0) -> tuple[dict[str, float], float]:
+                        extra: int = 0, scored: list[float] | None = None,
+                        ) -> tuple[dict[str, float], float]:
         """Predicted seconds of each drafter's call (those with a drafting request) and of the
         verification, for a step running ``ks``; ({}, NaN) without a cost model. Requests with no
         drafter, or one with no cost, add their k + 1 scored tokens but no draft time; ``extra``
-        as in ``choose``."""
+        as in ``choose``; ``scored``: each request's tokens verified, when not k + 1 (a tree's
+        nodes + 1)."""
         if len(ks) != len(batch):
             raise ValueError(f"{len(ks)} k values for {len(batch)} requests")
         if self.cost is None:
@@ -292,7 +294,7 @@ class SpecLengthController:
         kmax, _, act, sk, skc = bt.aggregates(np.where(bt.eligible, k, 0.0))
         drafts = bt.draft_time(np.arange(len(bt.names)), kmax, act, sk, skc)
         return ({n: float(t) for n, t, a in zip(bt.names, drafts, act) if a > 0},
-                bt.verify((k + 1).sum()))
+                bt.verify(sum(scored) if scored is not None else (k + 1).sum()))
 
     def solo_step_s(self, request_id: str, drafter: str, context_len: int) -> np.ndarray:
         """Predicted seconds of a step of this request alone at k = 1..k_max, shape [k_max]

@@ -83,6 +83,8 @@ from .request_state import RequestState
 from .scoring_cost import ScoringCost
 from .scoring_rounds import ScoringRounds
 from .selector import DraftSelector, population_from_stats
+from .tree_choice import Candidate, RunnerUps, TreeOutcome, choose_shapes
+from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
@@ -117,6 +119,8 @@ class LearnedPolicy:
         self.scoring = ScoringRounds(self.cfg, self.fit, self.controller.tracker,
                                      self._fit_value)
         """Who scores a request when, and what it feeds (``scoring_rounds.py``)."""
+        self.runner_ups = RunnerUps(self.cfg.runner_up_prior, ema=self.cfg.controller.ema)
+        """How often each drafter's second choice is the target's token (``tree_choice.py``)."""
         self._stop = threading.Event()
         if population is not None:
             self.refresh()
@@ -163,15 +167,17 @@ class LearnedPolicy:
         # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
+        shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
         out = []
-        for r, s, d, k, chosen_k in zip(requests, states, drafters, ks, policy_k):
+        for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
             score = self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available)
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True
-            stop = self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP else 0.0
-            out.append(StepChoice(d, k, score=score, stop_below=stop) if d is not None and k > 0
-                       else StepChoice(None, score=score))
+            stop = (self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP and not shape
+                    else 0.0)
+            out.append(StepChoice(d, k, shape, score=score, stop_below=stop)
+                       if d is not None and k > 0 else StepChoice(None, score=score))
         return StepPlan(out, self._prediction(requests, states, out, batch, policy_k, prefill))
 
     def _drafters(self, requests: list[RequestView], states: list[RequestState],
@@ -260,6 +266,24 @@ class LearnedPolicy:
                 batch[i] = (r.request_id, swapped[i], batch[i][2])
         return out
 
+    def _shapes(self, requests: list[RequestView], drafters: list[str | None], ks: list[int],
+                batch: Batch, policy_k: list[bool], prefill: int) -> list[Shape]:
+        """Each request's tree shape (``tree_choice.py``): greedy requests whose k is the
+        controller's and whose drafter can branch (a draft model, or prompt lookup with two
+        continuations) weigh trees against their chain by the batch's predicted goodput."""
+        if not self.cfg.trees:
+            return [()] * len(requests)
+        cands = []
+        for i, (r, d, k, chosen_k) in enumerate(zip(requests, drafters, ks, policy_k)):
+            if d is None or k < 1 or not (r.greedy and chosen_k and r.generated):
+                continue
+            if d == PROMPT_LOOKUP and r.lookup_branches < 2:
+                continue
+            most = 2 * k if d == PROMPT_LOOKUP else self.cfg.tree_max_nodes
+            cands.append(Candidate(i, self.controller.tracker.get(r.request_id, d),
+                                   self.runner_ups.rate(r.request_id, d), k, most))
+        return choose_shapes(self.controller, batch, ks, prefill, cands, self.cfg.tree_margin)
+
     def _next_best(self, r: RequestView, state: RequestState, current: str,
                    cands: set[str]) -> str | None:
         """The request's best candidate but ``current`` by posterior mean; None before its prompt
@@ -282,8 +306,10 @@ class LearnedPolicy:
         work = self.scoring.work(requests, states, out)
         if not any(policy_k) or self.controller.cost is None:
             return None
+        ks = [self.chains.expected_k(c) for c in out]
         drafts, verify = self.controller.predicted_parts(
-            batch, [self.chains.expected_k(c) for c in out], prefill)
+            batch, ks, prefill,
+            [nodes(c.branching, c.k) + 1 if c.branching else k + 1 for c, k in zip(out, ks)])
         extra = self.scoring_cost.predict(*work)
         return StepPrediction(self.controller.step_s(drafts, verify + extra), drafts, verify,
                               work, extra)
@@ -291,14 +317,19 @@ class LearnedPolicy:
     # ---- what happened ---------------------------------------------------------------------------
 
     def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float) -> None:
+                verify_s: float, ranks: TreeOutcome | None = None) -> None:
+        """A step's outcome. With ``ranks`` (greedy drafts), a tree's acceptance evidence is its
+        first-ranked path, and its runner-ups' record is updated (``tree_choice.py``)."""
+        if ranks is not None and choice.drafter is not None:
+            self.runner_ups.observe(request_id, choice.drafter, ranks.trials, ranks.hits)
+        first = ranks.first_accepted if ranks is not None and choice.branching else accepted
         state = self._state(request_id)
         chosen, state.chosen = state.chosen, None
         self.chains.observe(request_id, choice)  # choice.k: the length it drafted
         if state.prefill:  # the target's prefill makes it no drafter's measure
             state.prefill = False
             if choice.drafter is not None:
-                self.controller.observe(request_id, choice.drafter, choice.k, accepted)
+                self.controller.observe(request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
             if chosen is not None:  # the bandit's pick gave a plain step: one token
@@ -306,7 +337,7 @@ class LearnedPolicy:
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(request_id, choice.drafter)
         self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
-        self.controller.observe(request_id, choice.drafter, choice.k, accepted)
+        self.controller.observe(request_id, choice.drafter, choice.k, first)
         rejected = float(accepted < choice.k)  # the chain stops at its first rejection
         self.fit.record(request_id, choice.drafter, accepted, rejected)
         own = state.own.setdefault(choice.drafter, [0.0, 0.0])
@@ -377,3 +408,4 @@ class LearnedPolicy:
         self.selector.release(request_id)
         self.controller.release(request_id)
         self.chains.release(request_id)
+        self.runner_ups.release(request_id)

@@ -107,6 +107,16 @@ class LearnedPolicyConfig:
     each step's new tokens while another drafter drafts. Its acceptance estimate and bandit prior
     follow the recent tokens (each round weighs ``1 - controller.ema`` of the one before), so a
     request whose output starts repeating itself moves to prompt lookup."""
+    trees: bool = True
+    """Greedy requests draft token trees where the cost model predicts more goodput than a
+    chain (``tree_choice.py``); False: chains only."""
+    tree_max_nodes: int = 16
+    """Most nodes a tree may have."""
+    tree_margin: float = 0.03
+    """A tree replaces the chain only when the batch's predicted goodput rises by this."""
+    runner_up_prior: float = 0.3
+    """How often a drafter's second choice is the target's token when its first is not, before
+    any measure of it (``tree_choice.RunnerUps``)."""
 
 
 def _checked(where: str, key: str, old: object, value: object) -> object:

@@ -29,10 +29,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from ..engine.prompt_lookup import lookup_tree
 from ..engine.translate import Translator
 from ..engine.tree import TokenTree
 from ..obs import tracing
 from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice, StepPrediction
+from ..policy.tree_choice import outcome
 from ..stats.store import StatsStore
 from .accounting import Accounting
 from .admission import KVBudget
@@ -206,9 +208,8 @@ class Scheduler:
         for r, choice, res in zip(reqs, plan, reply.results):
             tree = trees.get(r.request_id)
             # the step's wall time (round trips included) is what the request waited: goodput
-            self._apply(r, choice if tree is not None else StepChoice(None), res,
-                        len(tree) if tree is not None else 0, t1 - t0, t2 - t1, predicted_s,
-                        len(reqs))
+            self._apply(r, choice if tree is not None else StepChoice(None), res, tree,
+                        t1 - t0, t2 - t1, predicted_s, len(reqs))
         self._account_step(len(reqs), reply, draft_s, t0, t1, t2, prediction)
 
     def _view(self, r: RouterRequest) -> RequestView:
@@ -216,7 +217,8 @@ class Scheduler:
         lookup = self.cfg.prompt_lookup and r.lookup_index().has_match()
         return RequestView(r.request_id, r.context_len, len(r.generated),
                            r.max_tokens - len(r.generated), r.sampling.greedy, r.mode, r.drafter,
-                           r.k, lookup_match=lookup)
+                           r.k, lookup_match=lookup,
+                           lookup_branches=1 + bool(lookup and r.lookup_index().alternative(1)))
 
     def _account_step(self, batch_size: int, reply: VerifyReply, draft_s: dict[str, float],
                       t0: float, t1: float, t2: float, prediction: StepPrediction | None) -> None:
@@ -261,9 +263,9 @@ class Scheduler:
                 continue
             if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
                 start = time.perf_counter()
-                found = r.lookup_index().propose(c.k)
-                if found:
-                    trees[r.request_id] = TokenTree.chain(found)
+                tree = lookup_tree(r.lookup_index(), c.k, bool(c.branching))
+                if tree is not None:
+                    trees[r.request_id] = tree
                 seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start
             elif c.drafter in self.drafters:
                 groups[c.drafter].append((r, c))
@@ -330,10 +332,12 @@ class Scheduler:
                 log.info("release call failed: %s", outcome)
 
     # ---- after verification -----------------------------------------------------------------
-    def _apply(self, r: RouterRequest, choice: StepChoice, res: VerifyResult, drafted: int,
-               draft_s: float, verify_s: float, predicted_s: float, batch_size: int) -> None:
-        """Account one verified step (``drafted`` tree nodes) and stream its tokens
-        (``predicted_s``: the policy's prediction of the batch step, 0 = none)."""
+    def _apply(self, r: RouterRequest, choice: StepChoice, res: VerifyResult,
+               tree: TokenTree | None, draft_s: float, verify_s: float, predicted_s: float,
+               batch_size: int) -> None:
+        """Account one verified step (its drafted ``tree``, None without one) and stream its
+        tokens (``predicted_s``: the policy's prediction of the batch step, 0 = none)."""
+        drafted = len(tree) if tree is not None else 0
         tracing.end_step(r, choice, drafted, res)
         if r.cancelled:
             return
@@ -351,7 +355,9 @@ class Scheduler:
                                         predicted_s, batch_size)
         if choice.drafter and not choice.branching and 0 < drafted < choice.k:
             choice = replace(choice, k=drafted)  # a chain that stopped early (stop_below)
-        self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s)
+        ranks = (outcome(tree, res.tokens, res.num_accepted)  # what its ranks say (greedy)
+                 if tree is not None and r.sampling.greedy else None)
+        self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s, ranks)
         start = len(r.generated)
         chunk = self.stream.emit(r, res.tokens, step)
         self.accounting.streamed(r, len(r.generated) - start, chunk.finish)

@@ -36,7 +36,7 @@ def sampling_from_proto(msg: sampling_pb2.SamplingParams) -> SamplingParams:
 def tree_to_proto(tree: TokenTree) -> token_tree_pb2.TokenTree:
     """Draft probability rows go as fp16 bytes: dense (2 bytes per vocabulary id), or sparse
     (the ids with probability > 0 and their fp16 values) when that is smaller."""
-    msg = token_tree_pb2.TokenTree(tokens=tree.tokens, parents=tree.parents)
+    msg = token_tree_pb2.TokenTree(tokens=tree.tokens, parents=tree.parents, second=tree.second)
     if tree.draft_probs is not None:  # numpy, on the bits: fp16 arithmetic on the CPU is slow
         rows = tree.draft_probs.detach().to("cpu", torch.float16).numpy().astype("<f2")  # [N, V]
         bits = rows.view(np.uint16)  # a probability is 0 exactly when its bits are
@@ -116,9 +116,10 @@ def tree_from_wire(msg: token_tree_pb2.TokenTree) -> TokenTree:
     tree (parents out of order, a probability row count other than the node count)."""
     if len(msg.probs) and len(msg.probs) != len(msg.tokens):
         raise ValueError(f"{len(msg.probs)} probability rows for {len(msg.tokens)} nodes")
+    second = tuple(msg.second) if len(msg.second) == len(msg.tokens) else ()
     if not len(msg.probs):
-        return TokenTree(tuple(msg.tokens), tuple(msg.parents))
-    return ReceivedTree(tuple(msg.tokens), tuple(msg.parents), message=msg)
+        return TokenTree(tuple(msg.tokens), tuple(msg.parents), second=second)
+    return ReceivedTree(tuple(msg.tokens), tuple(msg.parents), second=second, message=msg)
 
 
 def tree_to_wire(tree: TokenTree) -> token_tree_pb2.TokenTree:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/token_tree.proto\x12\x07spin.v1\"W\n\tTokenTree\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x0f\n\x07parents\x18\x02 \x03(\x05\x12)\n\x05probs\x18\x03 \x03(\x0b\x32\x1a.spin.v1.DraftDistribution\"r\n\x11\x44raftDistribution\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tdense_f16\x18\x04 \x01(\x0c\x12\x17\n\x0ftoken_probs_f16\x18\x05 \x01(\x0cJ\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04R\x05\x64\x65nseR\x0btoken_probsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/token_tree.proto\x12\x07spin.v1\"g\n\tTokenTree\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x0f\n\x07parents\x18\x02 \x03(\x05\x12)\n\x05probs\x18\x03 \x03(\x0b\x32\x1a.spin.v1.DraftDistribution\x12\x0e\n\x06second\x18\x04 \x03(\x05\"r\n\x11\x44raftDistribution\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tdense_f16\x18\x04 \x01(\x0c\x12\x17\n\x0ftoken_probs_f16\x18\x05 \x01(\x0cJ\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04R\x05\x64\x65nseR\x0btoken_probsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spin.v1.token_tree_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOKENTREE']._serialized_start=37
-  _globals['_TOKENTREE']._serialized_end=124
-  _globals['_DRAFTDISTRIBUTION']._serialized_start=126
-  _globals['_DRAFTDISTRIBUTION']._serialized_end=240
+  _globals['_TOKENTREE']._serialized_end=140
+  _globals['_DRAFTDISTRIBUTION']._serialized_start=142
+  _globals['_DRAFTDISTRIBUTION']._serialized_end=256
 # @@protoc_insertion_point(module_scope)

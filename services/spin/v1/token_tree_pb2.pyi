@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TokenTree(_message.Message):
-    __slots__ = ("tokens", "parents", "probs")
+    __slots__ = ("tokens", "parents", "probs", "second")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     parents: _containers.RepeatedScalarFieldContainer[int]
     probs: _containers.RepeatedCompositeFieldContainer[DraftDistribution]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ...) -> None: ...
+    second: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., second: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftDistribution(_message.Message):
     __slots__ = ("token_ids", "dense_f16", "token_probs_f16")

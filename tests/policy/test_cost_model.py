@@ -240,3 +240,28 @@ def test_shift_intercept_moves_one_part_and_stops_at_zero() -> None:
     assert m.draft["big"] == TRUE_D["big"]
     m.shift_intercept(PROMPT_LOOKUP, 1.0)  # no per-call constant to move
     assert m.prompt_lookup_s == _model().prompt_lookup_s
+
+
+def test_tree_terms_are_fitted_on_what_trees_cost_beyond_chains(tmp_path: Path) -> None:
+    """Tree samples (as many tokens or levels as their chains) fit what a tree adds: seconds
+    per token scored, and per node a drafter re-feeds; the chain fit ignores them."""
+    from spin.policy.tree_shape import fed
+
+    grid = [(b, n, b * ctx) for b in (1, 4, 16) for n in (1, 5, 9) for ctx in (64, 384)]
+    chains = [VerifySample(b, b * n, c, _tv(b, b * n, c)) for b, n, c in grid]
+    trees = [VerifySample(b, b * n, c, _tv(b, b * n, c) + 2e-4 * b * n, tree=True)
+             for b, n, c in grid if n > 1]
+    drafts = [DraftSample("small", b, k, b * c, _td("small", b, k, b * c))
+              for b in (1, 4) for k in (1, 4, 8) for c in (64, 384)]
+    tree_drafts = [DraftSample("small", b, k, b * c,
+                               _td("small", b, k, b * c) + 5e-4 * b * (fed((2,), k) - fed((), k)),
+                               tree=True) for b in (1, 4) for k in (4, 8) for c in (64, 384)]
+    m = CostModel.fit(chains + trees, drafts + tree_drafts)
+    assert m.tree_verify_s == pytest.approx(2e-4, rel=1e-3)
+    assert m.tree_draft_s["small"] == pytest.approx(5e-4, rel=1e-3)
+    assert m.predict_verify(4, 20, 1536) == pytest.approx(_tv(4, 20, 1536), rel=1e-3)
+    assert m.mape(chains + trees)["verify"] < 1e-3  # the tree samples are not the chain's
+    m.save(tmp_path / "m.json")
+    back = CostModel.load(tmp_path / "m.json")
+    assert (back.tree_verify_s, back.tree_draft_s) == (m.tree_verify_s, m.tree_draft_s)
+    assert CostModel.fit(chains, drafts).tree_verify_s == 0.0  # no tree samples: no tree cost

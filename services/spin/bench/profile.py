@@ -100,6 +100,12 @@ def profile_verify(runner: ModelRunner, batches, tokens, contexts, reps: int,
                     secs = _median_time(lambda: runner.forward(items), reps)
                     samples.append(VerifySample(b, b * n, b * ctx, secs))
                     bar.update()
+                    if n > 1 and (n - 1) % 2 == 0 and b <= 16:  # as many tokens, as a tree
+                        half = (n - 1) // 2  # the context's last token, two branches of half
+                        parents = (-1, 0, *range(1, half), 0, *range(half + 1, n - 1))
+                        trees = [ForwardItem(s, tuple(range(5, 5 + n)), parents) for s in seqs]
+                        secs = _median_time(lambda: runner.forward(trees), reps)
+                        samples.append(VerifySample(b, b * n, b * ctx, secs, tree=True))
             finally:
                 for s in seqs:
                     blocks.free(s)
@@ -130,6 +136,12 @@ def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps:
                                         reps) / 2
                     samples.append(DraftSample(name, b, k, b * ctx, secs))
                     bar.update()
+                    if k > 1 and b <= 4:  # the same levels as a tree of two branches
+                        same = [DraftRequest(rid, (), k, (2,), keep=ctx + 1) for rid in ids]
+                        step = [DraftRequest(rid, (8,), k, (2,), keep=ctx + 1) for rid in ids]
+                        secs = _median_time(lambda: (drafter.propose(same),
+                                                     drafter.propose(step)), reps) / 2
+                        samples.append(DraftSample(name, b, k, b * ctx, secs, tree=True))
             finally:
                 for rid in ids:
                     drafter.release(rid)

@@ -43,6 +43,7 @@ import numpy as np
 
 from .base import PROMPT_LOOKUP
 from .goodput import expected_tokens
+from .tree_shape import fed
 
 VERSION = 1
 DEFAULT_PROMPT_LOOKUP_S = 1e-5
@@ -61,6 +62,9 @@ class VerifySample:
     """Σ over requests of the context length."""
     seconds: float
     """Measured wall time of the forward."""
+    tree: bool = False
+    """Every request's new tokens were a drafted tree (two branches at the first level), not a
+    chain: what a tree's mask and re-fed nodes add (``CostModel.tree_verify_s``)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class DraftSample:
     """Σ over requests of the context length."""
     seconds: float
     """Measured wall time of the call."""
+    tree: bool = False
+    """Every request drafted a tree with two branches at the first level, not a chain."""
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -143,6 +149,12 @@ class CostModel:
     """Verification samples the model was fitted on."""
     draft_samples: dict[str, int] = field(default_factory=dict)
     """Draft samples (k > 0) per drafter the model was fitted on."""
+    tree_verify_s: float = 0.0
+    """What verifying a token tree costs over a chain of as many tokens: seconds per token
+    scored (its mask, its out-of-order cache writes), fitted on tree samples (0 without)."""
+    tree_draft_s: dict[str, float] = field(default_factory=dict)
+    """Per model drafter: seconds per node a tree re-feeds over a chain of as many levels
+    (``tree_shape.fed``), fitted on tree samples (0 without)."""
 
     def __post_init__(self) -> None:
         self.draft = {n: (*d, 0.0) if len(d) == 4 else tuple(d)  # type: ignore[misc]
@@ -218,7 +230,9 @@ class CostModel:
             draft_samples: Iterable[DraftSample] = ()) -> CostModel:
         """Fit on profiled samples. Needs ≥ 1 verification sample; a drafter with no samples
         (k > 0) gets no cost (prompt lookup keeps its default)."""
-        vs = list(verify_samples)
+        every_v = list(verify_samples)
+        every_d = list(draft_samples)
+        vs = [s for s in every_v if not s.tree]
         _check(len(vs) > 0, "CostModel.fit needs at least one verification sample")
         for s in vs:
             _check(s.batch > 0 and s.seconds > 0 and s.scored_tokens >= s.batch
@@ -227,7 +241,7 @@ class CostModel:
                        dtype=float)
         c = _fit_relative(_verify_features(arr[:, 0], arr[:, 1], arr[:, 2]), arr[:, 3])
         by_drafter: dict[str, list[DraftSample]] = {}
-        for s in draft_samples:
+        for s in (s for s in every_d if not s.tree):
             _check(s.batch > 0 and s.k >= 0 and s.seconds > 0 and s.context_tokens >= 0,
                    f"invalid draft sample {s}")
             if s.k > 0:
@@ -242,22 +256,41 @@ class CostModel:
             b, k, ctx = d[:, 0], d[:, 1], d[:, 2]
             feats = np.stack([np.ones_like(k), k, k * b, k * ctx, k * np.log2(b)], axis=1)
             draft[name] = tuple(float(x) for x in _fit_relative(feats, d[:, 3]))  # type: ignore
-        return cls(verify=tuple(float(x) for x in c),  # type: ignore[arg-type]
-                   draft=draft, prompt_lookup_s=pl, verify_samples=len(vs),
-                   draft_samples={n: len(ss) for n, ss in sorted(by_drafter.items())})
+        model = cls(verify=tuple(float(x) for x in c),  # type: ignore[arg-type]
+                    draft=draft, prompt_lookup_s=pl, verify_samples=len(vs),
+                    draft_samples={n: len(ss) for n, ss in sorted(by_drafter.items())})
+        model._fit_trees([s for s in every_v if s.tree], [s for s in every_d if s.tree])
+        return model
+
+    def _fit_trees(self, verify: list[VerifySample], draft: list[DraftSample]) -> None:
+        """The tree terms: least squares through the origin of what tree samples took beyond
+        the chain model's prediction, on the tokens scored (verification) or the nodes re-fed
+        (drafting); never below 0."""
+        if verify:
+            extra = np.array([s.seconds - self.predict_verify(s.batch, s.scored_tokens,
+                                                              s.context_tokens) for s in verify])
+            x = np.array([s.scored_tokens for s in verify], dtype=float)
+            self.tree_verify_s = max(0.0, float((x * extra).sum() / (x * x).sum()))
+        for name in sorted({s.drafter for s in draft} & set(self.draft)):
+            ss = [s for s in draft if s.drafter == name and s.k > 0]
+            extra = np.array([s.seconds - self.predict_draft(name, s.batch, s.k, s.context_tokens)
+                              for s in ss])
+            x = np.array([s.batch * (fed((2,), s.k) - fed((), s.k)) for s in ss], dtype=float)
+            if (x > 0).any():
+                self.tree_draft_s[name] = max(0.0, float((x * extra).sum() / (x * x).sum()))
 
     def mape(self, verify_samples: Iterable[VerifySample],
              draft_samples: Iterable[DraftSample] = ()) -> dict[str, float]:
         """Mean absolute percentage error, as a fraction (0.02 = 2 %), per part: ``"verify"``,
         each drafter with samples (k > 0, known cost) and ``"overall"`` over all of them.
-        Parts with no samples are left out."""
+        Parts with no samples are left out; tree samples too (they fit the tree terms)."""
         errs: dict[str, list[float]] = {}
         for s in verify_samples:
-            if s.seconds > 0:
+            if s.seconds > 0 and not s.tree:
                 p = self.predict_verify(s.batch, s.scored_tokens, s.context_tokens)
                 errs.setdefault("verify", []).append(abs(p - s.seconds) / s.seconds)
         for s in draft_samples:
-            if s.seconds > 0 and s.k > 0 and self.has_drafter(s.drafter):
+            if s.seconds > 0 and s.k > 0 and self.has_drafter(s.drafter) and not s.tree:
                 p = self.predict_draft(s.drafter, s.batch, s.k, s.context_tokens)
                 errs.setdefault(s.drafter, []).append(abs(p - s.seconds) / s.seconds)
         out = {name: float(np.mean(e)) for name, e in errs.items()}
@@ -272,7 +305,8 @@ class CostModel:
         return {"version": VERSION, "verify": list(self.verify),
                 "draft": {n: list(d) for n, d in self.draft.items()},
                 "prompt_lookup_s": self.prompt_lookup_s,
-                "samples": {"verify": self.verify_samples, "draft": dict(self.draft_samples)}}
+                "samples": {"verify": self.verify_samples, "draft": dict(self.draft_samples)},
+                "trees": {"verify_s": self.tree_verify_s, "draft_s": dict(self.tree_draft_s)}}
 
     def save(self, path: str | Path) -> None:
         """Write the model as JSON (``"version": 1``, coefficients, sample counts)."""
@@ -302,9 +336,13 @@ class CostModel:
             pl = float(raw.get("prompt_lookup_s", DEFAULT_PROMPT_LOOKUP_S))
             _check(all(math.isfinite(x) for x in [*coefs, pl]), "non-finite coefficient")
             samples = raw.get("samples", {})
+            trees = raw.get("trees", {})
             return cls(verify=verify, draft=draft, prompt_lookup_s=pl,  # type: ignore[arg-type]
                        verify_samples=int(samples.get("verify", 0)),
-                       draft_samples={str(n): int(c) for n, c in samples.get("draft", {}).items()})
+                       draft_samples={str(n): int(c) for n, c in samples.get("draft", {}).items()},
+                       tree_verify_s=float(trees.get("verify_s", 0.0)),
+                       tree_draft_s={str(n): float(x)
+                                     for n, x in trees.get("draft_s", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"cost model file {str(path)!r} is malformed: {e}") from None
 

@@ -132,12 +132,17 @@ def choose_shapes(controller, batch, ks: list[int], prefill: int, cands: list[Ca
     for c in cands:
         alpha[c.index], beta[c.index] = c.alpha, c.beta
 
+    cost = controller.cost
+
     def goodput(trial: list[Shape]) -> float:
         scored = [nodes(s, k) + 1 for s, k in zip(trial, ks)]
         drafts, verify = controller.predicted_parts(batch, ks, prefill, scored)
-        for (_, d, _), s, k in zip(batch, trial, ks):
-            if s and d is not None and d != PROMPT_LOOKUP and d in drafts:  # re-fed tree nodes
-                drafts[d] += controller.cost.draft_terms(d)[2] * (fed(s, k) - fed((), k))
+        for (_, d, _), s, k, n in zip(batch, trial, ks, scored):
+            if not s:
+                continue
+            verify += cost.tree_verify_s * n  # what a tree's mask costs (measured)
+            if d is not None and d != PROMPT_LOOKUP and d in drafts:  # its re-fed nodes
+                drafts[d] += cost.tree_draft_s.get(d, 0.0) * (fed(s, k) - fed((), k))
         step = controller.step_s(drafts, verify)
         tokens = sum(1.0 + expected_accepted(a, b, s, k) if k > 0 else 1.0
                      for a, b, s, k in zip(alpha, beta, trial, ks))

@@ -50,6 +50,10 @@ class Grid:
     reps: int = 3
 
 
+MEASURE_VERSION = 2
+"""What the measurement measures (2: tree points beside the chains); part of the cache key."""
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "spin" / "step-times"
@@ -61,7 +65,7 @@ def _key(role: str, runner: ModelRunner, model_path: str, grid: Grid, quantized:
     files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
                    for p in path.iterdir() if p.is_file()) if path.is_dir() else model_path
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = [role, str(path.resolve()) if path.exists() else model_path, files,
+    parts = [MEASURE_VERSION, role, str(path.resolve()) if path.exists() else model_path, files,
              str(runner.device), str(runner.dtype), quantized, torch.get_num_threads(), cores,
              torch.__version__, asdict(grid)]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
@@ -131,14 +135,14 @@ def to_proto(samples: list[VerifySample] | list[DraftSample]) -> list[model_info
     """Samples as ``ModelInfo.step_times`` (tokens: new tokens scored, or k)."""
     return [model_info_pb2.StepTime(
         batch=s.batch, tokens=s.scored_tokens if isinstance(s, VerifySample) else s.k,
-        context_tokens=s.context_tokens, seconds=s.seconds) for s in samples]
+        context_tokens=s.context_tokens, seconds=s.seconds, tree=s.tree) for s in samples]
 
 
 def verify_from_proto(info: model_info_pb2.ModelInfo) -> list[VerifySample]:
-    return [VerifySample(t.batch, t.tokens, t.context_tokens, t.seconds) for t in info.step_times
-            if t.batch > 0 and t.seconds > 0 and t.tokens >= t.batch]
+    return [VerifySample(t.batch, t.tokens, t.context_tokens, t.seconds, t.tree)
+            for t in info.step_times if t.batch > 0 and t.seconds > 0 and t.tokens >= t.batch]
 
 
 def draft_from_proto(name: str, info: model_info_pb2.ModelInfo) -> list[DraftSample]:
-    return [DraftSample(name, t.batch, t.tokens, t.context_tokens, t.seconds)
+    return [DraftSample(name, t.batch, t.tokens, t.context_tokens, t.seconds, t.tree)
             for t in info.step_times if t.batch > 0 and t.seconds > 0 and t.tokens >= 0]

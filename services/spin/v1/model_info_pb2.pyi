@@ -41,13 +41,15 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., max_requests: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., tokenizer: _Optional[str] = ..., tokenizer_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ...) -> None: ...
 
 class StepTime(_message.Message):
-    __slots__ = ("batch", "tokens", "context_tokens", "seconds")
+    __slots__ = ("batch", "tokens", "context_tokens", "seconds", "tree")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
     batch: int
     tokens: int
     context_tokens: int
     seconds: float
-    def __init__(self, batch: _Optional[int] = ..., tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    tree: bool
+    def __init__(self, batch: _Optional[int] = ..., tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., tree: _Optional[bool] = ...) -> None: ...

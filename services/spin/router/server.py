@@ -209,7 +209,8 @@ async def _check_drafter(name: str, pool: ReplicaPool, target: tuple[TokenizerId
                         "re-tokenises its drafts into the target's tokens", name, d.model_path,
                         why)
             why = None
-        why += f"; translation needs the drafter's tokenizer files on the router ({problem})"
+        else:
+            why += f"; translation needs the drafter's tokenizer files on the router ({problem})"
     if why is not None:
         log.error("drafter %s (%s) cannot draft for the target: %s; not using it", name,
                   d.model_path, why)

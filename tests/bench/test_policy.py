@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spin.bench.policy import (PolicyBenchConfig, _best_fixed, _held_out, _medians, _oracle,
-                               _pipeline, _shared_cores)
+from spin.bench.pipeline import pipeline, shared_cores
+from spin.bench.policy import PolicyBenchConfig, _best_fixed, _held_out, _medians, _oracle
 from spin.router.config import RouterConfig
 from spin.serve import Embedded, ServeConfig
 
@@ -49,9 +49,9 @@ def test_pipeline_section_on_a_small_batch(tmp_path: Path, family_dir: Path) -> 
     with Embedded(ServeConfig(family_dir=family_dir, port=0, drafters=["draft-code"],
                               router=RouterConfig(policy="fixed"), redis=False,
                               log_dir=tmp_path / "shared")) as emb:
-        shared = _shared_cores(emb, cfg)
+        shared = shared_cores(emb, cfg)
     assert set(shared) == {"one", "two"} and shared["one"][0] == shared["two"][0]
-    report, mismatches = _pipeline(cfg, tmp_path, shared)
+    report, mismatches = pipeline(cfg, tmp_path, shared)
     assert mismatches == 0
     assert report["requests"] == 4 and report["cpus"]["verifier"]
     on, one = report["runs"]["on"], report["runs"]["off"]

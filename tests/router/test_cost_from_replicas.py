@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import grpc
-import pytest
 from service_helpers import request
 
 from spin.policy.goodput import ControllerConfig, SpecLengthController

@@ -13,7 +13,6 @@ import asyncio
 import concurrent.futures
 import os
 import time
-from pathlib import Path
 
 import pytest
 from kube_stub import FakeKubeAPI, endpoint_slice

@@ -26,7 +26,7 @@ from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import FAMILY_DIR
-from .policy import PolicyBenchConfig, _run
+from .policy_config import PolicyBenchConfig, run_requests
 
 
 @dataclass
@@ -72,13 +72,13 @@ def run_ab(cfg: ABConfig) -> dict:
                     if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
         for emb, name in ((ea, "A"), (eb, "B")):
             for d in drafters:  # population statistics, as in `spin bench policy`
-                _run(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}")
+                run_requests(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}")
         runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, PROMPT_LOOKUP, 4))
         with tqdm(total=cfg.rounds * len(workload), desc="A/B pairs", unit="req") as bar:
             for _ in range(cfg.rounds):
                 for i, w in enumerate(workload):
                     for key, emb, spec, k in runs:
-                        (res,), _ = _run(emb.endpoint, [w], spec, k, bench, key, progress=False)
+                        (res,), _ = run_requests(emb.endpoint, [w], spec, k, bench, key, progress=False)
                         times[key][i].append(res.e2e_s)
                     bar.update()
     median = {key: [statistics.median(x) for x in per] for key, per in times.items()}

@@ -19,96 +19,33 @@ prose and structured prompts, greedy, ``new_tokens`` each. Measured in one run:
 3. The cost model's error (MAPE): its fit on its own profile, and in serving (predicted vs
    measured time of the learned policy's steps, router metrics); lossless mismatches: every
    speculative output of the run compared with speculation off.
-4. Pipelining (``_pipeline``, on a deployment of its own with the cores split between the
+4. Pipelining (``pipeline.py``, on a deployment of its own with the cores split between the
    verifier and the drafting side) and request decomposition (``_decomposition``), each on vs
    off.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from tqdm import tqdm
 
-from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request, arrival_times, build_workload
 
-from ..cpus import available_cpus, format_cpus, split
 from ..engine.prompt_lookup import PROMPT_LOOKUP
-from ..router.config import RouterConfig, SchedulerConfig
-from ..serve import Child, Embedded, ServeConfig, _spin
+from ..router.config import RouterConfig
+from ..serve import Embedded, ServeConfig
 from ..verifier.decompose import decompose, padded_fraction
-from ..zoo.specs import FAMILY_DIR
+from .pipeline import pipeline, shared_cores
+from .policy_config import PolicyBenchConfig, run_requests
 from .services import _router_times
-
-
-@dataclass
-class PolicyBenchConfig:
-    """What the policy benchmark runs."""
-
-    family_dir: Path = FAMILY_DIR
-    quick: bool = False
-    """Fewer requests, k values and rates (at most 12 minutes on 2 cores)."""
-    new_tokens: int = 64
-    seed: int = 0
-    cost_model: Path | None = None
-    """A cost model file for the router (``spin profile``); None: the router fits one from the
-    step times the services measure on themselves at start, as in a deployment."""
-
-    @property
-    def requests(self) -> int:
-        return 9 if self.quick else 24
-
-    @property
-    def rounds(self) -> int:
-        """Passes over every goodput configuration (per-request medians)."""
-        return 2 if self.quick else 3
-
-    @property
-    def ks(self) -> tuple[int, ...]:
-        return (2, 4) if self.quick else (2, 4, 6)
-
-    @property
-    def load_fractions(self) -> tuple[float, ...]:
-        return (0.1, 0.5, 1.0) if self.quick else (0.1, 0.3, 0.6, 1.0, 1.5)
-
-    @property
-    def pipeline_requests(self) -> int:
-        """Concurrent requests of the pipeline section: a full batch (the router's default
-        ``max_batch``), the saturated server pipelining is for; two micro-batches of half."""
-        return SchedulerConfig().max_batch
-
-    @property
-    def sweep_requests(self) -> int:
-        """Requests per rate and configuration (at 0.1 of capacity, 6 take about a minute)."""
-        return 6 if self.quick else 24
-
-
-def _run(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBenchConfig,
-         desc: str, concurrency: int | None = 1, progress: bool = True) -> tuple[list, float]:
-    client = ClientConfig(endpoint, cfg.new_tokens, speculation=spec, k=k,
-                          max_concurrency=concurrency)
-
-    async def go():
-        async with grpc.aio.insecure_channel(endpoint) as channel:
-            from spin.v1 import generation_pb2_grpc
-            return await run_workload(generation_pb2_grpc.GenerationStub(channel), reqs, client,
-                                      desc, use_arrivals=concurrency is None,
-                                      progress=progress)
-    results, wall = asyncio.run(go())
-    failed = [r for r in results if not r.ok]
-    if failed:
-        raise RuntimeError(f"{desc}: {len(failed)} requests failed, e.g. {failed[0].error_message}")
-    return results, wall
 
 
 def replica_fit_error(emb: Embedded) -> dict[str, float]:
@@ -153,7 +90,7 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
         for rnd in range(cfg.rounds):
             for name, spec, k in configs:
                 before = _router_times(emb.router.metrics_port, (error,))
-                res, _ = _run(ep, workload, spec, k, cfg, f"{name} ({rnd + 1}/{cfg.rounds})")
+                res, _ = run_requests(ep, workload, spec, k, cfg, f"{name} ({rnd + 1}/{cfg.rounds})")
                 if name == "learned":  # the cost model's error on the steps it predicted
                     after = _router_times(emb.router.metrics_port, (error,))
                     err_sum += after.get(error + "_sum", 0.0) - before.get(error + "_sum", 0.0)
@@ -213,14 +150,14 @@ def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> di
             row = {"rate": rate, "load_fraction": frac}
             for name, spec, k in (("auto", "auto", 0), ("off", "off", 0),
                                   ("best_fixed", bd, int(bk))):
-                res, _ = _run(ep, reqs, spec, k, cfg, f"{name} @{rate:.2f}/s", concurrency=None)
+                res, _ = run_requests(ep, reqs, spec, k, cfg, f"{name} @{rate:.2f}/s", concurrency=None)
                 lat = sorted(r.e2e_s for r in res)
                 row[f"{name}_mean_latency_s"] = statistics.mean(lat)
                 row[f"{name}_p99_latency_s"] = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
             sweep.append(row)
         report["sweep"] = sweep
-        shared = _shared_cores(emb, cfg)
-    report["pipeline"], wrong = _pipeline(cfg, log_dir, shared)
+        shared = shared_cores(emb, cfg)
+    report["pipeline"], wrong = pipeline(cfg, log_dir, shared)
     mismatches += wrong
     # the fit's error on its own points (the services' step times, or the profile's), and in
     # serving: |predicted - measured| / measured over the learned policy's steps, where the
@@ -270,104 +207,6 @@ def _held_out(e2e: dict[str, list[list[float]]],
         chosen = pick({c: _medians([runs[q] for q in others]) for c, runs in e2e.items()})
         timed.append([e2e[c][r][i] for i, c in enumerate(chosen)])
     return _medians(timed)
-
-
-def _pipeline_batch(cfg: PolicyBenchConfig) -> list[Request]:
-    """The pipeline section's concurrent requests (the same on both deployments)."""
-    return build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
-
-
-def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -> Child:
-    """A second router over ``emb``'s verifier and draft-code, with two micro-batches."""
-    verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
-    piped = Child("router-pipelined", _spin(
-        "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
-        str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
-        "fixed", "--micro-batches", "2", "--drafter", f"draft-code=127.0.0.1:{code.port}",
-        *(("--cpus", cpus) if cpus else ())), emb.cfg.log_dir, None)
-    try:
-        piped.wait_ready(120)
-    except BaseException:
-        piped.stop(10)
-        raise
-    return piped
-
-
-def _shared_cores(emb: Embedded,
-                  cfg: PolicyBenchConfig) -> dict[str, tuple[list[list[int]], float]]:
-    """The pipeline section's batch (draft-code, k=4) on the benchmark's own deployment, whose
-    processes share every core, through its router (one micro-batch) and through a second router
-    with two: each run's outputs and tokens/s."""
-    batch = _pipeline_batch(cfg)
-    piped = _pipelined_router(emb, cfg, None)
-    out = {}
-    try:
-        for name, port in (("one", emb.router.port), ("two", piped.port)):
-            res, wall = _run(f"127.0.0.1:{port}", batch, "draft-code", 4, cfg,
-                             f"pipeline: shared cores, {name} micro-batch(es)",
-                             concurrency=len(batch))
-            out[name] = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / wall)
-    finally:
-        piped.stop(10)
-    return out
-
-
-def _pipeline(cfg: PolicyBenchConfig, log_dir: Path,
-              shared: dict[str, tuple[list[list[int]], float]]) -> tuple[dict, int]:
-    """SPIN's pipeline on a deployment of its own whose cores are split (``cpus.split``): the
-    verifier on cores of its own, draft-code and the routers on the others, as a GPU verifier
-    beside CPU-side drafting would be. The same concurrent batch (draft-code, k=4) through its
-    router with one micro-batch and through a second router with two (one drafted while the
-    other is verified). ``shared``: that batch on the benchmark's own deployment (cores shared,
-    ``_shared_cores``), for comparison. Returns the report and the lossless mismatches (every
-    output against speculation off on the split deployment).
-
-    A step of a run is the wall time over the most steps any of its requests took: the time to
-    advance every running request by one step (both runs take the same steps per request: the
-    same drafter, k and greedy acceptance). ``draft_s`` and ``verify_s`` are the one-micro-batch
-    run's means per step, from the router's metrics."""
-    cpus = available_cpus()
-    if len(cpus) < 2:
-        return {"skipped": f"needs 2 cores, this process has {format_cpus(cpus)}"}, 0
-    side, own = split(cpus)
-    workload = _pipeline_batch(cfg)
-    out: dict = {"cpus": {"drafters_and_routers": format_cpus(side),
-                          "verifier": format_cpus(own)}, "requests": len(workload)}
-    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",
-                              drafters=["draft-code"], router=RouterConfig(policy="fixed"),
-                              redis=False, cpus="split")) as emb:
-        piped = _pipelined_router(emb, cfg, format_cpus(side))
-        try:
-            off, _ = _run(emb.endpoint, workload, "off", 0, cfg, "pipeline: speculation off",
-                          concurrency=len(workload))
-            reference = [r.token_ids for r in off]
-            mismatches = sum(o != ref for outputs, _ in shared.values()
-                             for o, ref in zip(outputs, reference))
-            runs = {}
-            for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
-                                             ("on", piped.port, piped.metrics_port)):
-                before = _router_times(metrics_port)
-                res, wall = _run(f"127.0.0.1:{port}", workload, "draft-code", 4, cfg,
-                                 f"pipeline {name}", concurrency=len(workload))
-                d = {k: v - before.get(k, 0.0) for k, v in _router_times(metrics_port).items()}
-                mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))
-                steps = max(r.speculation.steps for r in res)
-                calls = d["spin:step_seconds_count"]  # draft -> verify rounds of all lanes
-                runs[name] = {"wall_s": wall, "steps": steps, "step_s": wall / steps,
-                              "tokens_per_s": sum(len(r.token_ids) for r in res) / wall,
-                              "lane_steps": calls,
-                              "lane_draft_s": d["spin:step_draft_seconds_sum"] / calls,
-                              "lane_verify_s": d["spin:step_verify_seconds_sum"] / calls}
-        finally:
-            piped.stop(10)
-    on, one = runs["on"], runs["off"]
-    out.update({"step_s": on["step_s"], "step_s_unpipelined": one["step_s"],
-                "draft_s": one["lane_draft_s"], "verify_s": one["lane_verify_s"],
-                "max_draft_verify_s": max(one["lane_draft_s"], one["lane_verify_s"]),
-                "tokens_per_s_on": on["tokens_per_s"], "tokens_per_s_off": one["tokens_per_s"],
-                "tokens_per_s_shared_cores": {n: tps for n, (_, tps) in shared.items()},
-                "runs": runs})
-    return out, mismatches
 
 
 def _decomposition(cfg: PolicyBenchConfig, decoding: int = 15, reps: int = 5) -> dict:

@@ -83,7 +83,7 @@ from .request_state import RequestState
 from .scoring_cost import ScoringCost
 from .scoring_rounds import ScoringRounds
 from .selector import DraftSelector, population_from_stats
-from .tree_choice import Candidate, RunnerUps, TreeOutcome, choose_shapes
+from .tree_choice import RunnerUps, TreeOutcome, choose_shapes, tree_candidates
 from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
@@ -268,20 +268,11 @@ class LearnedPolicy:
 
     def _shapes(self, requests: list[RequestView], drafters: list[str | None], ks: list[int],
                 batch: Batch, policy_k: list[bool], prefill: int) -> list[Shape]:
-        """Each request's tree shape (``tree_choice.py``): greedy requests whose k is the
-        controller's and whose drafter can branch (a draft model, or prompt lookup with two
-        continuations) weigh trees against their chain by the batch's predicted goodput."""
+        """Each request's tree shape (``tree_choice.py``); all chains unless ``cfg.trees``."""
         if not self.cfg.trees:
             return [()] * len(requests)
-        cands = []
-        for i, (r, d, k, chosen_k) in enumerate(zip(requests, drafters, ks, policy_k)):
-            if d is None or k < 1 or not (r.greedy and chosen_k and r.generated):
-                continue
-            if d == PROMPT_LOOKUP and r.lookup_branches < 2:
-                continue
-            most = 2 * k if d == PROMPT_LOOKUP else self.cfg.tree_max_nodes
-            cands.append(Candidate(i, self.controller.tracker.get(r.request_id, d),
-                                   self.runner_ups.rate(r.request_id, d), k, most))
+        cands = tree_candidates(requests, drafters, ks, policy_k, self.controller.tracker,
+                                self.runner_ups, self.cfg.tree_max_nodes)
         return choose_shapes(self.controller, batch, ks, prefill, cands, self.cfg.tree_margin)
 
     def _next_best(self, r: RequestView, state: RequestState, current: str,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.tree import TokenTree
+from .acceptance import AcceptanceTracker
+from .base import RequestView
 from .tree_shape import Shape, candidates, expected_accepted, fed, nodes
 
 
@@ -117,6 +119,24 @@ class Candidate:
     k: int
     max_nodes: int
     """Nodes its shapes may have (prompt lookup: its continuations' worth)."""
+
+
+def tree_candidates(requests: list[RequestView], drafters: list[str | None], ks: list[int],
+                    policy_k: list[bool], tracker: AcceptanceTracker, runner_ups: RunnerUps,
+                    tree_max_nodes: int) -> list[Candidate]:
+    """The requests whose shape is weighed: greedy ones past their first step whose k is the
+    controller's and whose drafter can branch (a draft model, or prompt lookup with two
+    continuations, whose tree has at most 2k nodes)."""
+    cands = []
+    for i, (r, d, k, chosen_k) in enumerate(zip(requests, drafters, ks, policy_k)):
+        if d is None or k < 1 or not (r.greedy and chosen_k and r.generated):
+            continue
+        if d == PROMPT_LOOKUP and r.lookup_branches < 2:
+            continue
+        most = 2 * k if d == PROMPT_LOOKUP else tree_max_nodes
+        cands.append(Candidate(i, tracker.get(r.request_id, d), runner_ups.rate(r.request_id, d),
+                               k, most))
+    return cands
 
 
 def choose_shapes(controller, batch, ks: list[int], prefill: int, cands: list[Candidate],

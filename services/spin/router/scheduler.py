@@ -327,9 +327,9 @@ class Scheduler:
             self._release.pop(name)
             calls.append(self.verifier.verify([], ids) if name == VERIFIER
                          else self.drafters[name].draft([], ids))
-        for outcome in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(outcome, Exception):
-                log.info("release call failed: %s", outcome)
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.info("release call failed: %s", result)
 
     # ---- after verification -----------------------------------------------------------------
     def _apply(self, r: RouterRequest, choice: StepChoice, res: VerifyResult,

@@ -10,10 +10,10 @@ from .store import (
     DEFAULT_KEY_PREFIX,
     DrafterStats,
     MemoryStatsStore,
-    RedisStatsStore,
     StatsStore,
     open_stats_store,
 )
+from .redis_store import RedisStatsStore
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",

@@ -5,17 +5,8 @@ step for every request that speculated. ``record`` is O(1) and never blocks on I
 adds to an in-process pending aggregate under a lock (histograms of ``k`` and ``accepted``; the
 per-position counts are derived from them when read or flushed).
 
-``RedisStatsStore`` flushes that aggregate from a daemon thread, every ``flush_interval_s``, as ONE
-MULTI/EXEC transaction of HINCRBY/HINCRBYFLOAT on a hash per drafter (``{prefix}:{drafter}``, fields
-``drafts``, ``draft_tokens``, ``accepted_tokens``, ``accepted_pos:{i}``, ``drafted_pos:{i}``,
-``draft_seconds``, ``verify_seconds``) plus SADD of the drafter to ``{prefix}:drafters``. Router
-replicas sharing one Redis add up, since they only increment.
-
-Exactly once: a batch whose outcome is unknown (an error, maybe after EXEC ran) is kept with its
-sequence number. The same transaction that applies a batch sets ``{prefix}:_applied:{store id}``
-to that number, so the next attempt WATCHes that key, reads it, and either drops the batch (it was
-applied) or merges the new increments into it and applies both. Redis down: nothing is lost,
-``on_error`` is called, retries back off exponentially (capped at ~5 s) and catch up when it returns.
+``RedisStatsStore`` (``redis_store.py``) writes it to Redis, shared by router replicas;
+``MemoryStatsStore`` keeps it in process.
 """
 
 from __future__ import annotations
@@ -23,21 +14,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
-
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX = "spin:acceptance"
 RESERVED_DRAFTER_NAMES = frozenset({"drafters"})
 """Names that would collide with ``{prefix}:drafters``; drafters starting with ``_`` are refused too."""
-_SEQ_TTL_S = 7 * 24 * 3600
 _INT_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
 _FLOAT_FIELDS = ("draft_seconds", "verify_seconds")
 _ACCEPTED_POS, _DRAFTED_POS = "accepted_pos:", "drafted_pos:"
@@ -250,209 +234,13 @@ class MemoryStatsStore(_TallyingStore):
         """Nothing to release."""
 
 
-class RedisStatsStore(_TallyingStore):
-    """Statistics shared through Redis, written by a daemon thread; see the module docstring."""
-
-    def __init__(
-        self,
-        url: str,
-        key_prefix: str = DEFAULT_KEY_PREFIX,
-        flush_interval_s: float = 0.5,
-        on_error: Callable[[Exception], None] | None = None,
-        on_flush: Callable[[int], None] | None = None,
-        *,
-        max_backoff_s: float = 5.0,
-        socket_timeout_s: float = 0.5,
-    ) -> None:
-        """``on_error(exc)`` is called on every failed Redis operation (a metric hook);
-        ``on_flush(steps)`` after every flush that wrote something, with the steps it wrote."""
-        super().__init__()
-        if flush_interval_s <= 0 or max_backoff_s <= 0:
-            raise ValueError("flush_interval_s and max_backoff_s must be positive")
-        self.key_prefix = key_prefix
-        self.flush_interval_s = flush_interval_s
-        self.max_backoff_s = max(max_backoff_s, flush_interval_s)
-        self._on_error, self._on_flush = on_error, on_flush
-        # No client-side retries: a retried EXEC could apply twice; our own loop retries safely.
-        timeouts = {"socket_connect_timeout": socket_timeout_s, "socket_timeout": socket_timeout_s}
-        self._client = redis.Redis.from_url(
-            url, retry=Retry(NoBackoff(), 0), decode_responses=True, **timeouts
-        )
-        self._drafters_key = f"{key_prefix}:drafters"
-        self._seq_key = f"{key_prefix}:_applied:{uuid.uuid4().hex}"
-        self._io_lock = threading.Lock()  # one Redis conversation at a time (flush / population)
-        self._batch: Tallies | None = None  # handed to Redis, outcome unknown
-        self._batch_seq = 0
-        self._snapshot: Population = {}  # last population read from Redis + batches applied since
-        self._failing = False
-        self._closed = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spin-stats-flush", daemon=True)
-        self._thread.start()
-
-    def hash_key(self, drafter: str) -> str:
-        """The Redis hash of one drafter."""
-        return f"{self.key_prefix}:{drafter}"
-
-    def flush(self) -> bool:
-        """One transaction with everything pending (and a batch of unknown outcome); False on error."""
-        with self._io_lock:
-            try:
-                steps = self._flush_locked()
-            except Exception as exc:  # any failure: the batch stays for the next attempt
-                self._failed(exc)
-                return False
-            self._recovered()
-        if steps:
-            self._call_hook(self._on_flush, steps)
-        return True
-
-    def _flush_locked(self) -> int:
-        with self._lock:
-            if self._batch is None and not self._pending:
-                return 0
-        steps = 0
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.watch(self._seq_key)
-            applied_seq = int(pipe.get(self._seq_key) or 0)
-            with self._lock:
-                if self._batch is not None and applied_seq >= self._batch_seq:
-                    steps += self._settle_batch()  # applied earlier, only its reply was lost
-                if self._batch is None:
-                    self._batch, self._batch_seq = {}, self._batch_seq + 1
-                _absorb_all(self._batch, self._pending)
-                self._pending = {}
-                batch, seq = self._batch, self._batch_seq
-            if not batch:
-                self._batch = None
-                return steps
-            pipe.multi()
-            for name, stats in _to_population(batch).items():
-                self._queue_increments(pipe, name, stats)
-            pipe.set(self._seq_key, seq, ex=_SEQ_TTL_S)
-            pipe.execute()
-        with self._lock:
-            return steps + self._settle_batch()
-
-    def _queue_increments(self, pipe: redis.client.Pipeline, name: str, stats: DrafterStats) -> None:
-        key = self.hash_key(name)
-        for fname in _INT_FIELDS:
-            if value := getattr(stats, fname):
-                pipe.hincrby(key, fname, value)
-        for pos, n in stats.accepted_per_pos.items():
-            if n:
-                pipe.hincrby(key, f"{_ACCEPTED_POS}{pos}", n)
-        for pos, n in stats.drafted_per_pos.items():
-            pipe.hincrby(key, f"{_DRAFTED_POS}{pos}", n)
-        for fname in _FLOAT_FIELDS:
-            if value := getattr(stats, fname):
-                pipe.hincrbyfloat(key, fname, value)
-        pipe.sadd(self._drafters_key, name)
-
-    def _settle_batch(self) -> int:
-        """The batch is in Redis: count it into the snapshot and forget it (under ``_lock``)."""
-        batch, self._batch = self._batch or {}, None
-        _merge_into(self._snapshot, _to_population(batch))
-        return sum(t.drafts for t in batch.values())
-
-    def population(self) -> dict[str, DrafterStats]:
-        """Redis plus what is pending here; with Redis unreachable, the last snapshot plus pending."""
-        with self._io_lock:
-            try:
-                remote, applied_seq = self._read_remote()
-            except Exception as exc:
-                self._failed(exc)
-            else:
-                self._recovered()
-                with self._lock:
-                    if self._batch is not None and applied_seq >= self._batch_seq:
-                        self._batch = None  # applied, reply lost: already part of ``remote``
-                    self._snapshot = remote
-            with self._lock:
-                out = {name: stats.copy() for name, stats in self._snapshot.items()}
-                if self._batch:
-                    _merge_into(out, _to_population(self._batch))
-                return _merge_into(out, _to_population(self._pending))
-
-    def _read_remote(self) -> tuple[Population, int]:
-        names = sorted(self._client.smembers(self._drafters_key))
-        with self._client.pipeline(transaction=True) as pipe:
-            for name in names:
-                pipe.hgetall(self.hash_key(name))
-            pipe.get(self._seq_key)
-            *hashes, seq = pipe.execute()
-        return {name: _parse_hash(h) for name, h in zip(names, hashes, strict=True) if h}, int(seq or 0)
-
-    def _run(self) -> None:
-        failures = 0
-        while not self._stop.wait(self._delay(failures)):
-            failures = 0 if self.flush() else failures + 1
-
-    def _delay(self, failures: int) -> float:
-        return min(self.flush_interval_s * 2 ** min(failures, 30), self.max_backoff_s)
-
-    def close(self) -> None:
-        """Stop the thread, try a final flush (logged if it fails) and close the connections."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        self._thread.join(timeout=self.max_backoff_s + 5.0)
-        if not self.flush():
-            logger.warning("stats store closed with %d steps not written to Redis", self.pending_steps())
-        self._client.close()
-
-    def _unwritten(self) -> tuple[Tallies, ...]:
-        return (self._batch or {}, self._pending)
-
-    def _failed(self, exc: Exception) -> None:
-        if not self._failing:
-            logger.warning("stats store: Redis unavailable (%s); keeping increments pending", exc)
-        self._failing = True
-        self._call_hook(self._on_error, exc)
-
-    def _recovered(self) -> None:
-        if self._failing:
-            logger.info("stats store: Redis reachable again")
-        self._failing = False
-
-    @staticmethod
-    def _call_hook(hook: Callable[..., None] | None, arg: object) -> None:
-        if hook is None:
-            return
-        try:
-            hook(arg)
-        except Exception:
-            logger.exception("stats store hook %r failed", hook)
-
-    def __enter__(self) -> RedisStatsStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def _parse_hash(h: dict[str, str]) -> DrafterStats:
-    stats = DrafterStats()
-    for fname, value in h.items():
-        if fname in _INT_FIELDS:
-            setattr(stats, fname, int(value))
-        elif fname in _FLOAT_FIELDS:
-            setattr(stats, fname, float(value))
-        elif fname.startswith(_ACCEPTED_POS):
-            stats.accepted_per_pos[int(fname[len(_ACCEPTED_POS) :])] = int(value)
-        elif fname.startswith(_DRAFTED_POS):
-            stats.drafted_per_pos[int(fname[len(_DRAFTED_POS) :])] = int(value)
-    stats._normalize()
-    return stats
-
-
 def open_stats_store(url: str | None, **kwargs: object) -> StatsStore:
     """A ``RedisStatsStore`` on ``url``, or a ``MemoryStatsStore`` when ``url`` is None/empty.
 
     ``kwargs`` go to ``RedisStatsStore`` (key_prefix, flush_interval_s, on_error, on_flush, ...).
     """
     if url:
+        from .redis_store import RedisStatsStore
+
         return RedisStatsStore(url, **kwargs)  # type: ignore[arg-type]
     return MemoryStatsStore()

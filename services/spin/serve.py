@@ -4,7 +4,8 @@ Starts a ``redis-server`` for acceptance statistics (or, without the binary, kee
 router's process, with a warning), the verifier with the demo target, one drafter per demo draft
 model, and the router, waits for each to report ready, prints the endpoint, and on Ctrl-C (or
 SIGTERM) stops them router first, so in-flight requests drain. Each child's log goes to
-``build/serve/<role>.log``.
+``build/serve/<role>.log``. A child that exits is started again on its ports, and no child
+outlives ``spin serve`` (``supervisor.py``).
 
 Tracing: the children inherit the environment, so ``OTEL_EXPORTER_OTLP_ENDPOINT`` (and the other
 ``OTEL_*`` variables) turn it on in every process, except ``OTEL_SERVICE_NAME``: one name for all
@@ -33,6 +34,7 @@ from .engine.model_runner import RunnerConfig
 from .engine.quant import resolve as resolve_quantize
 from .router.config import RouterConfig
 from .rpc.serving import ServerConfig
+from .supervisor import RestartPolicy, Supervisor, die_with_parent, tail
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -93,18 +95,25 @@ class ServeConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every child (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``), over this
     process's."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """When ``serve`` restarts a child that exited (``supervisor.py``)."""
 
 
 class Child:
     """A service process whose first stdout line ``<role> ready grpc_port=P metrics_port=M``
-    says it is serving."""
+    says it is serving; killed by the kernel if this process dies (``supervisor.py``)."""
 
-    def __init__(self, role: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, role: str, argv: list[str], log_dir: Path, env: dict[str, str] | None,
+                 append: bool = False) -> None:
         self.role = role
+        self.argv = argv
+        self.env = env
+        self.log_dir = log_dir
         self.log_path = log_dir / f"{role}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "a" if append else "w")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent())
         self.port = 0
         self.metrics_port = 0
         self._ready = threading.Event()
@@ -120,14 +129,29 @@ class Child:
                 self._log.write(line)
                 self._log.flush()
 
+    @property
+    def ready(self) -> bool:
+        """It said it is serving."""
+        return self._ready.is_set()
+
     def wait_ready(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
         while not self._ready.wait(0.1):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.role} exited with {self.proc.returncode} while starting;"
-                                   f" its log ({self.log_path}) ends:\n{_tail(self.log_path)}")
+                                   f" its log ({self.log_path}) ends:\n{tail(self.log_path)}")
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.role} not ready after {timeout_s:.0f} s; see {self.log_path}")
+
+    def restart(self) -> Child:
+        """The same service started again on the ports it had (its clients find it where they
+        left it), its log appended to."""
+        self.stop(0)
+        argv = _with_flag(_with_flag(self.argv, "--port", str(self.port)), "--metrics-port",
+                          str(self.metrics_port))
+        child = Child(self.role, argv, self.log_dir, self.env, append=True)
+        child.port, child.metrics_port = self.port, self.metrics_port
+        return child
 
     def stop(self, grace_s: float) -> None:
         if self.proc.poll() is None:
@@ -140,11 +164,12 @@ class Child:
         self._log.close()
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text().splitlines()[-lines:])
-    except OSError:
-        return ""
+def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced (or the flag appended)."""
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[:i + 1], value, *argv[i + 2:]]
+    return [*argv, flag, value]
 
 
 def _spin(*args: str) -> list[str]:
@@ -234,7 +259,8 @@ class Embedded:
                 tokenizer=cfg.router.tokenizer or target,
                 drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
                           for c in self.children[1:]},
-                redis_url=redis_url or cfg.router.redis_url)
+                redis_url=redis_url or cfg.router.redis_url,
+                stats_spill=cfg.router.stats_spill or str(cfg.log_dir / "stats-pending.json"))
             server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
             self.router = Child("router", _spin("router", *router_argv(router),
                                                 *server_argv(server, side_cpus)), cfg.log_dir, env)
@@ -256,7 +282,8 @@ class Embedded:
             print("warning: no redis-server binary found; acceptance statistics stay in the "
                   "router's memory (install redis-server to share them)", file=sys.stderr)
             return None
-        self.redis = RedisServer()
+        self.redis = RedisServer(data_dir=self.cfg.log_dir / "redis",
+                                 preexec_fn=die_with_parent())
         self.redis.start()
         return self.redis.url
 
@@ -294,16 +321,20 @@ def serve(cfg: ServeConfig) -> int:
         print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
               f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
         for c in emb.children:
-            if c.role != "router":
-                print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}", flush=True)
+            print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}  "
+                  f"pid {c.proc.pid}", flush=True)
+        if emb.redis is not None:
+            print(f"  {'redis-server':24s} 127.0.0.1:{emb.redis.port}  pid {emb.redis.pid}",
+                  flush=True)
         print(f'try: spin generate "def parse(path):" --endpoint {emb.endpoint}   (Ctrl-C stops)',
               flush=True)
+        supervisor = Supervisor(emb, cfg.restart, out=lambda line: print(line, file=sys.stderr,
+                                                                         flush=True))
         while not stop.wait(0.5):
-            for c in emb.children:
-                if c.proc.poll() is not None and c.role in ("router", "verifier"):
-                    print(f"{c.role} exited with {c.proc.returncode}; stopping. Its log ends:\n"
-                          f"{_tail(c.log_path)}", file=sys.stderr)
-                    return 1
+            fatal = supervisor.check()
+            if fatal:
+                print(fatal, file=sys.stderr, flush=True)
+                return 1
     except KeyboardInterrupt:
         pass
     finally:

@@ -28,8 +28,18 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
     assert top1.tolist() == [1.0, 0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5},
-                                    {"top_k": -1}])
+def test_tiny_temperatures_tend_to_greedy_and_huge_ones_to_uniform() -> None:
+    logits = torch.tensor([[30.0, 29.0, -5.0, 0.0], [-1e4, 2.0, 2.0, 1.0]])
+    for t in (1e-45, 1e-38, 1e-20):  # logits / t alone overflow to inf: a NaN softmax
+        p = probs_from_logits(logits, SamplingParams(temperature=t))
+        assert p.tolist() == [[1.0, 0, 0, 0], [0, 0.5, 0.5, 0]], t
+    p = probs_from_logits(logits, SamplingParams(temperature=3.4e38))
+    assert torch.allclose(p, torch.full_like(p, 0.25))
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"temperature": float("inf")},
+                                    {"temperature": float("nan")}, {"top_p": 0.0},
+                                    {"top_p": 1.5}, {"top_k": -1}])
 def test_bad_parameters_are_refused(kwargs) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)

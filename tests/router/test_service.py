@@ -212,21 +212,26 @@ def test_metrics_and_redis_statistics(serving) -> None:
 
 
 def test_router_keeps_serving_without_redis_and_catches_up(serving) -> None:
+    def prose() -> tuple[int, int]:
+        store = RedisStatsStore(serving.redis.url)
+        try:
+            stats = store.population().get("draft-prose")
+            return (stats.drafts, stats.accepted_tokens) if stats else (0, 0)
+        finally:
+            store.close()
+
+    time.sleep(1.0)  # the router's last flush (every 0.5 s) is in
+    before = prose()
     serving.redis.stop()
     _, _, last = collect(serving.endpoint, request(PROMPT, max_tokens=32, mode="drafter",
                                                    drafter="draft-prose", k=3, ignore_eos=True))
     assert last.usage.completion_tokens == 32
     assert _wait_until(lambda: scrape(serving.router.metrics_port).get(
         "spin:stats_store_errors_total", 0) >= 1), "the failed writes were not counted"
-    serving.redis.restart()  # an empty Redis: only what the router still holds can reach it
-    store = RedisStatsStore(serving.redis.url)
-    try:
-        steps = last.speculation.drafters[0].steps
-        assert _wait_until(lambda: "draft-prose" in store.population(), timeout=30)
-        assert store.population()["draft-prose"].drafts == steps
-        assert store.population()["draft-prose"].accepted_tokens == last.speculation.accepted_tokens
-    finally:
-        store.close()
+    serving.redis.restart()  # with what it had (spin serve keeps Redis's data on disk)
+    steps = last.speculation.drafters[0].steps
+    assert _wait_until(lambda: prose()[0] == before[0] + steps, timeout=30), (before, prose())
+    assert prose() == (before[0] + steps, before[1] + last.speculation.accepted_tokens)
 
 
 def test_loadgen_against_spin_serve(serving, tmp_path: Path) -> None:

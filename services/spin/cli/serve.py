@@ -14,6 +14,7 @@ from .services import default_drafter
 
 if TYPE_CHECKING:
     from ..serve import ServeConfig
+    from ..supervisor import RestartPolicy
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--max-batch", type=positive(int), default=32)
     sv.add_argument("--max-queue", type=positive(int), default=256)
     sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
+    sv.add_argument("--log-dir", type=Path, help="the services' logs, Redis's data and the "
+                    "statistics kept at shutdown (default: build/serve)")
+    sv.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                    help="restarts of one service (drafter, verifier, router, redis-server) "
+                         "within 5 minutes before spin serve gives up (0: never restart)")
+    sv.add_argument("--verifier-outage", type=positive(float), default=30.0, metavar="SECONDS",
+                    help="how long running requests wait for a verifier that is down (e.g. "
+                         "being restarted) before they fail with UNAVAILABLE")
     sv.add_argument("--drafter-quantize", choices=("auto", "none", "int8"), default="auto",
                     help="the draft models' weights: int8 drafts faster on CPU, and the output is "
                          "the target's either way (auto: int8 where this torch has the kernels)")
@@ -61,6 +70,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ``ServeConfig`` of ``spin serve``'s flags; ValueError saying which is wrong."""
     from ..serve import ServeConfig
+    from ..supervisor import RestartPolicy
 
     overrides = policy_overrides(args.policy_config)
     drafter_models = named_models(args.drafter, "--drafter") if args.drafter else None
@@ -68,14 +78,19 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                           default_k=args.default_k, policy=args.policy, policy_config=overrides,
                           scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                     max_queue=args.max_queue,
-                                                    micro_batches=args.micro_batches))
+                                                    micro_batches=args.micro_batches,
+                                                    verifier_outage_s=args.verifier_outage))
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     return ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
                        metrics_port=args.metrics_port,
                        drafters=args.drafters.split(",") if args.drafters else None,
                        router=router, redis=not args.no_redis, cpus=args.cpus,
                        drafter_quantize=args.drafter_quantize, target=args.target,
                        drafter_models=drafter_models, runner=runner_config(args),
-                       drafter_kv_cache_memory=args.drafter_kv_cache_memory)
+                       drafter_kv_cache_memory=args.drafter_kv_cache_memory,
+                       restart=RestartPolicy(max_restarts=args.max_restarts),
+                       **({"log_dir": args.log_dir} if args.log_dir else {}))
 
 
 def _serve(args: argparse.Namespace) -> int:

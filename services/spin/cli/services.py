@@ -124,6 +124,13 @@ def add_router(sub: argparse._SubParsersAction) -> None:
     rt.add_argument("--redis-url", default=os.environ.get("SPIN_REDIS_URL"),
                     help="acceptance statistics (default: $SPIN_REDIS_URL, else in process); "
                     "$SPIN_REDIS_PASSWORD supplies a password the URL lacks")
+    rt.add_argument("--stats-spill", metavar="PATH",
+                    help="where statistics that could not be written to Redis at shutdown are "
+                    "kept, to be written at the next start (one file per router replica; "
+                    "default: none, their loss counted in spin:stats_steps_lost_total)")
+    rt.add_argument("--verifier-outage", type=positive(float), default=30.0, metavar="SECONDS",
+                    help="how long running requests wait for an unreachable verifier (e.g. one "
+                    "restarting) before they fail with UNAVAILABLE")
     rt.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
                     "--default-drafter and --default-k for every request")
@@ -171,10 +178,11 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         raise ValueError(f"--policy-config: {e}") from None
     return RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
                         _redis_url(args.redis_url), args.policy, args.cost_model, kubernetes=kube,
-                        policy_config=overrides,
+                        policy_config=overrides, stats_spill=args.stats_spill,
                         scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                   max_queue=args.max_queue,
                                                   draft_timeout_s=args.draft_timeout,
+                                                  verifier_outage_s=args.verifier_outage,
                                                   micro_batches=args.micro_batches,
                                                   prompt_lookup=not args.no_prompt_lookup))
 
@@ -182,9 +190,9 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 _FLAGGED = {
     RouterConfig: {"verifier", "tokenizer", "drafters", "default_drafter", "default_k",
                    "redis_url", "policy", "cost_model", "policy_config", "kubernetes",
-                   "scheduler"},
+                   "scheduler", "stats_spill"},
     SchedulerConfig: {"max_batch", "max_queue", "draft_timeout_s", "micro_batches",
-                      "prompt_lookup"},
+                      "prompt_lookup", "verifier_outage_s"},
     KubernetesDiscoveryConfig: {"label_selector", "namespace", "api_url"},
 }
 """Per config class, the fields ``spin router`` has flags for (the others keep their defaults)."""
@@ -227,13 +235,15 @@ def router_argv(cfg: RouterConfig) -> list[str]:
     argv += ["--default-drafter", cfg.default_drafter or "none", "--default-k", str(cfg.default_k),
              "--max-batch", str(s.max_batch), "--max-queue", str(s.max_queue),
              "--draft-timeout", repr(s.draft_timeout_s), "--micro-batches", str(s.micro_batches),
-             "--policy", cfg.policy]
+             "--verifier-outage", repr(s.verifier_outage_s), "--policy", cfg.policy]
     if not s.prompt_lookup:
         argv.append("--no-prompt-lookup")
     if cfg.redis_url is not None:
         argv += ["--redis-url", cfg.redis_url]
     if cfg.cost_model is not None:
         argv += ["--cost-model", str(cfg.cost_model)]
+    if cfg.stats_spill is not None:
+        argv += ["--stats-spill", cfg.stats_spill]
     if cfg.policy_config:
         argv += ["--policy-config", json.dumps(cfg.policy_config)]
     return argv

@@ -26,6 +26,7 @@ from ..obs import metrics, tracing
 from ..policy.cost_model import DraftSample
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_to_proto
+from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
 from ..rpc.step_times import StepTimesMode, drafter_times, to_proto
@@ -116,7 +117,7 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
         seconds = time.perf_counter() - start
         runner = self.drafter.runner
         metrics.observe_service_batch("drafter", self.name, seconds, len(batch.tasks),
-                                      runner.cache.usage)
+                                      runner.cache.usage, len(self.drafter.seqs))
         if tracing.enabled():
             self._trace(batch, results, start_ns, start_ns + int(seconds * 1e9))
         blocks = runner.cache.blocks
@@ -145,7 +146,9 @@ def run(model: str, name: str | None, cfg: ServerConfig,
     service = DrafterService(name, model, runner)
     log.info("drafter %s %s", name, describe(service.drafter.runner))
     service.measure_step_times(step_times)
-    cfg.service_names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
+    service_descriptor = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]
+    cfg.service_names = [service_descriptor.full_name]
     cfg.trace_service = f"spin-drafter-{name}"
-    asyncio.run(serve(cfg, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(service, s),
+    # requests that do not parse end their stream INVALID_ARGUMENT (rpc/decode.py)
+    asyncio.run(serve(cfg, lambda s: add_servicer(service, service_descriptor, s),
                       on_ready=announce(f"drafter {name}")))

@@ -24,6 +24,10 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 - preemptions per second (the verifier's KV cache too small for the load):
   ``sum(rate(spin:num_preemptions_total{role="verifier"}[5m]))``; KV cache use:
   ``max by (role, model) (spin:kv_cache_usage_perc)``
+- requests a service still holds with none running (a leak; should be 0):
+  ``sum by (role, model) (spin:service_sequences) and on() (sum(spin:num_requests_running) == 0)``
+- acceptance statistics lost at router shutdowns (Redis down, no ``--stats-spill``):
+  ``increase(spin:stats_steps_lost_total[1d])``
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ STEP_PREDICTION_ERROR = Histogram("spin:step_prediction_error_ratio",
 BATCH_SIZE = Histogram("spin:batch_size", "Requests per verification step.",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of the statistics store.")
+STATS_STEPS_LOST = Counter("spin:stats_steps_lost",
+                           "Acceptance statistics (steps) dropped: not written to Redis at "
+                           "shutdown and no spill file to keep them (--stats-spill).")
 REPLICAS = Gauge("spin:replicas", "Replicas the router knows per service (from discovery).",
                  ["role", "drafter"])
 
@@ -111,6 +118,9 @@ VERIFY_FORWARDS = Histogram("spin:verify_forwards_per_batch",
                             buckets=(1, 2, 3, 4, 6, 8))
 KV_CACHE_USAGE = Gauge("spin:kv_cache_usage_perc", "Share of KV cache blocks in use (0..1).",
                        ["role", "model"])
+SERVICE_SEQUENCES = Gauge("spin:service_sequences",
+                          "Requests whose context a drafter or verifier holds (released when "
+                          "they finish or are cancelled).", ["role", "model"])
 NUM_PREEMPTIONS = Counter("spin:num_preemptions",
                           "Requests whose KV cache was dropped for lack of blocks, to be "
                           "recomputed (verifier: the request waits and is verified again, its "
@@ -119,8 +129,10 @@ NUM_PREEMPTIONS = Counter("spin:num_preemptions",
 
 
 def observe_service_batch(role: str, model: str, seconds: float, requests: int,
-                          blocks_in_use: float) -> None:
-    """A drafter's or verifier's batch: its compute time, size, and cache use after it."""
+                          blocks_in_use: float, sequences: int) -> None:
+    """A drafter's or verifier's batch: its compute time, size, and cache use after it
+    (``sequences``: the requests it holds)."""
     SERVICE_BATCH_SECONDS.labels(role, model).observe(seconds)
     SERVICE_BATCH_REQUESTS.labels(role, model).observe(requests)
     KV_CACHE_USAGE.labels(role, model).set(blocks_in_use)
+    SERVICE_SEQUENCES.labels(role, model).set(sequences)

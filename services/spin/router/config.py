@@ -27,7 +27,8 @@ class SchedulerConfig:
     verify_timeout_s: float = 120.0
     """A verification call slower than this fails the stream (then retried)."""
     verifier_outage_s: float = 30.0
-    """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long."""
+    """Running requests fail with UNAVAILABLE when the verifier stays unreachable this long
+    (until then they wait, and a verifier that is back gets their whole contexts)."""
     micro_batches: int = 1
     """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
     pipeline); 1 = draft, then verify, the whole batch."""
@@ -71,3 +72,7 @@ class RouterConfig:
     addresses above)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Batching and failure handling."""
+    stats_spill: str | None = None
+    """A file for the statistics that could not be written to Redis at shutdown, written there
+    at the next start (``stats/redis_store.py``); one per router replica. None: such a loss is
+    counted (``spin:stats_steps_lost_total``) and logged."""

@@ -1,9 +1,10 @@
 """``spin router``: the client-facing ``spin.v1.Generation`` service over the scheduler.
 
-Validates each request (INVALID_ARGUMENT with a message for anything malformed), admits it into a
-bounded queue (RESOURCE_EXHAUSTED beyond it), and streams its tokens as the scheduler accepts them:
-the scheduler's plain stream events (``streaming.py``) become ``GenerateResponse`` messages here,
-and a ``RequestError`` the call's status. A client that cancels or runs past its deadline frees
+Validates each request (INVALID_ARGUMENT with a message for anything malformed: ``validation.py``,
+and ``rpc/decode.py`` for bytes that do not even parse), admits it into a bounded queue
+(RESOURCE_EXHAUSTED beyond it), and streams its tokens as the scheduler accepts them: the
+scheduler's plain stream events (``streaming.py``) become ``GenerateResponse`` messages here, and
+a ``RequestError`` the call's status. A client that cancels or runs past its deadline frees
 the request's caches in every service.
 """
 
@@ -11,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 import grpc
 from transformers import AutoTokenizer
 
-from ..engine.sampling import SamplingParams
 from ..engine.translate import Translator
 from ..engine.vocab import TokenizerId, identify, incompatibility
 from ..obs import metrics, tracing
 from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
 from ..policy.cost_model import CostModel
-from ..rpc.convert import sampling_from_proto
+from ..rpc.decode import add_servicer
 from ..rpc.serving import ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .admission import KVBudget
@@ -35,6 +34,7 @@ from .requests import RouterRequest
 from .scheduler import QueueFull, Scheduler
 from .services import DrafterClients, VerifierClient
 from .streaming import Chunk, ErrorCode, RequestError
+from .validation import MAX_K, request_from_proto
 
 STATUS: dict[ErrorCode, grpc.StatusCode] = {
     "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
@@ -44,16 +44,30 @@ STATUS: dict[ErrorCode, grpc.StatusCode] = {
 }
 """The gRPC status of each ``RequestError`` code."""
 FINISH = {"length": generation_pb2.FINISH_REASON_LENGTH, "stop": generation_pb2.FINISH_REASON_STOP}
+GENERATION = generation_pb2.DESCRIPTOR.services_by_name["Generation"]
+"""The service this module serves."""
+MAX_TRACKED_IDS = 4096
+"""Ids of requests remembered before the finished ones among them are forgotten."""
 
 log = logging.getLogger(__name__)
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int) -> None:
+    """``spin.v1.Generation`` over the scheduler: register it with ``add_servicer`` (``rpc/
+    decode.py``), so that a request that does not even parse is answered INVALID_ARGUMENT too."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int,
+                 max_k: int = MAX_K) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.vocab_size = vocab_size
+        self.max_k = max_k
+        """Largest ``speculation.k`` a request may ask for."""
+        self.requests: dict[str, RouterRequest] = {}
+        """Request id -> the request last submitted with it. An id stays taken until the
+        scheduler has finished its request (a cancelled one only some time after its stream
+        ended): the scheduler and the services key their state by it."""
 
     @property
     def drafter_names(self) -> set[str]:
@@ -62,41 +76,28 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         return names | {PROMPT_LOOKUP} if self.scheduler.cfg.prompt_lookup else names
 
     def parse(self, req: generation_pb2.GenerateRequest) -> RouterRequest:
-        """The request as the scheduler takes it; ValueError names what is wrong."""
-        if req.prompt and len(req.prompt_token_ids):
-            raise ValueError("set either prompt or prompt_token_ids, not both")
-        ids = (tuple(self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"])
-               if req.prompt else tuple(req.prompt_token_ids))
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if any(not 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"prompt_token_ids must lie in [0, {self.vocab_size})")
-        if req.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {req.max_tokens}")
-        if len(ids) >= self.max_context:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds "
-                             f"{self.max_context}")
-        if len(ids) + req.max_tokens > self.max_context:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
-                             f"the context of {self.max_context} tokens")
-        sampling = sampling_from_proto(req.sampling) if req.HasField("sampling") else SamplingParams()
-        spec = req.speculation
-        mode = {generation_pb2.SPECULATION_MODE_OFF: "off",
-                generation_pb2.SPECULATION_MODE_DRAFTER: "drafter"}.get(spec.mode, "auto")
-        if mode == "drafter" and spec.drafter not in (known := self.drafter_names):
-            raise ValueError(f"unknown drafter {spec.drafter!r}; known: {sorted(known)}")
-        if spec.k < 0:
-            raise ValueError(f"speculation.k must be >= 0, got {spec.k}")
-        if any(not s for s in req.stop):
-            raise ValueError("stop strings must not be empty")
-        return RouterRequest(req.request_id or uuid.uuid4().hex, ids, req.max_tokens, sampling,
-                             tuple(req.stop), req.ignore_eos, mode,
-                             spec.drafter if mode == "drafter" else None, spec.k)
+        """The request as the scheduler takes it; ValueError (and nothing else) names what is
+        wrong and the allowed range (``validation.py``)."""
+        return request_from_proto(req, self._tokenize, self.max_context, self.vocab_size,
+                                  lambda: self.drafter_names, self.max_k)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _check_id_free(self, request_id: str) -> None:
+        """ValueError when a request the scheduler has not finished has ``request_id``."""
+        old = self.requests.get(request_id)
+        if old is not None and not old.finished:
+            raise ValueError(f"request_id {request_id!r} is in use by a running request")
+        if len(self.requests) >= MAX_TRACKED_IDS:  # cancelled ones finish after their streams
+            self.requests = {i: r for i, r in self.requests.items() if not r.finished}
 
     async def Generate(self, request: generation_pb2.GenerateRequest,
                        context: grpc.aio.ServicerContext):
+        """Stream one request's tokens (module docstring)."""
         try:
             req = self.parse(request)
+            self._check_id_free(req.request_id)
         except ValueError as e:
             metrics.REQUEST_ERRORS.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -105,6 +106,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         except QueueFull as e:
             metrics.REQUEST_ERRORS.labels(grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        self.requests[req.request_id] = req
         req.trace = tracing.RequestTrace.start(req)  # None unless traced (and sampled)
         try:
             while True:
@@ -120,6 +122,8 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                     return
         finally:
             self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
+            if req.finished and self.requests.get(req.request_id) is req:
+                del self.requests[req.request_id]
             if req.trace is not None:
                 req.trace.end()
 
@@ -289,7 +293,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
         check(name, pool)
     sched_cfg = cfg.scheduler
     sched_cfg.max_batch = min(sched_cfg.max_batch, info.max_requests)
-    store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc())
+    store = (open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc(),
+                              spill_path=cfg.stats_spill, on_lost=metrics.STATS_STEPS_LOST.inc)
              if cfg.redis_url else open_stats_store(None))
     if policy is None:
         policy = _policy(cfg, store, costs.model())
@@ -311,10 +316,10 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
         for c in [verifier, *drafters.values()]:
             await c.close()
 
-    server_cfg.service_names = [generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name]
+    server_cfg.service_names = [GENERATION.full_name]
     server_cfg.trace_service, server_cfg.trace_redis = "spin-router", True
     await serve(server_cfg,
-                lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(service, s),
+                lambda s: add_servicer(service, GENERATION, s),
                 on_ready=announce("router"), after_stop=after_stop)
 
 

@@ -7,6 +7,7 @@ The router passes a drafter's tree on to the verifier without decoding its proba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,10 +28,19 @@ def sampling_to_proto(s: SamplingParams) -> sampling_pb2.SamplingParams:
 
 
 def sampling_from_proto(msg: sampling_pb2.SamplingParams) -> SamplingParams:
-    """Raises ValueError (the caller's INVALID_ARGUMENT) for out-of-range values."""
-    return SamplingParams(temperature=msg.temperature,
-                          top_p=msg.top_p if msg.HasField("top_p") else 1.0,
-                          top_k=msg.top_k, seed=msg.seed if msg.HasField("seed") else None)
+    """Raises ValueError (the caller's INVALID_ARGUMENT) for out-of-range values, naming the
+    field and its range: temperature finite and >= 0, top_p (when set) in (0, 1], top_k >= 0
+    (any int64 seed is fine)."""
+    if not (math.isfinite(msg.temperature) and msg.temperature >= 0):
+        raise ValueError(f"sampling.temperature must be finite and >= 0 (0 = greedy), "
+                         f"got {msg.temperature}")
+    top_p = msg.top_p if msg.HasField("top_p") else 1.0
+    if not 0 < top_p <= 1:  # NaN and inf fail too
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {top_p}")
+    if msg.top_k < 0:
+        raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {msg.top_k}")
+    return SamplingParams(temperature=msg.temperature, top_p=top_p, top_k=msg.top_k,
+                          seed=msg.seed if msg.HasField("seed") else None)
 
 
 def tree_to_proto(tree: TokenTree) -> token_tree_pb2.TokenTree:

@@ -2,6 +2,8 @@
 
 - ``grpc.health.v1`` health (overall and per service), SERVING once the model is loaded;
 - server reflection, so ``grpcurl`` works without the .proto files;
+- requests that do not parse answered INVALID_ARGUMENT (``decode.py``), for every service the
+  process registers with ``decode.add_servicer`` and for health and reflection;
 - Prometheus metrics over HTTP on their own port;
 - OpenTelemetry tracing when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``obs/tracing.py``): the
   gRPC instrumentation on the unary and server-streaming calls, spans exported in batches;
@@ -20,11 +22,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import start_http_server
 
 from ..obs import tracing
+from .decode import add_servicer
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +86,12 @@ async def _serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
                              interceptors=tracing.server_interceptors(cfg.service_names))
     register(server)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*cfg.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    # health and reflection, like the services, answer a request that does not parse
+    # INVALID_ARGUMENT (rpc/decode.py), not UNKNOWN
+    add_servicer(health_servicer, health_pb2.DESCRIPTOR.services_by_name["Health"], server)
+    reflected = [*cfg.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    add_servicer(reflection.aio.ReflectionServicer(reflected),
+                 reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"], server)
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     if port == 0:
         raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")

@@ -1,9 +1,12 @@
 """A local ``redis-server`` child process: for tests, benchmarks and single-host deployments.
 
-``RedisServer`` starts ``redis-server`` on a loopback port with persistence off (``--save ''
---appendonly no``), waits until it answers PING and stops it with SIGTERM (SIGKILL after 5 s).
-Data lives only as long as the process: ``restart()`` keeps the port but not the contents, which is
-what the catch-up tests of the stats store need (a Redis that goes away and comes back).
+``RedisServer`` starts ``redis-server`` on a loopback port, waits until it answers PING and stops
+it with SIGTERM (SIGKILL after 5 s). Without a ``data_dir`` persistence is off (``--save ''
+--appendonly no``): data lives only as long as the process, and ``restart()`` keeps the port but
+not the contents, which is what the catch-up tests of the stats store need (a Redis that goes
+away and comes back). With a ``data_dir`` (``spin serve``) every write is appended to an
+append-only file there (``--appendonly yes``, fsync every second), so a redis-server killed and
+restarted has the statistics it had.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -63,12 +67,18 @@ def _resolve_binary(binary: str | None) -> str:
 class RedisServer:
     """A ``redis-server`` child process on 127.0.0.1; use as a context manager or start()/stop()."""
 
-    def __init__(self, port: int | None = None, binary: str | None = None) -> None:
-        """``port`` None picks a free port at the first start; ``binary`` None looks up PATH.
+    def __init__(self, port: int | None = None, binary: str | None = None,
+                 data_dir: Path | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        """``port`` None picks a free port at the first start; ``binary`` None looks up PATH;
+        ``data_dir``: where the data persists across restarts (None: nowhere);
+        ``preexec_fn``: run in the child before ``exec`` (``supervisor.die_with_parent``).
 
         Raises FileNotFoundError at once when there is no usable binary.
         """
         self.binary: str = _resolve_binary(binary)
+        self.data_dir = data_dir
+        self._preexec_fn = preexec_fn
         self._requested_port = port
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
@@ -129,13 +139,18 @@ class RedisServer:
             "--port", str(port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "no",
             "--protected-mode", "yes",
-            "--dir", str(self._workdir),
         ]  # fmt: skip
+        if self.data_dir is None:
+            cmd += ["--appendonly", "no", "--dir", str(self._workdir)]
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            cmd += ["--appendonly", "yes", "--appendfsync", "everysec",
+                    "--dir", str(self.data_dir.resolve())]
         with open(log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+                preexec_fn=self._preexec_fn,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         client = redis.Redis(
@@ -200,7 +215,8 @@ class RedisServer:
         self._cleanup()
 
     def restart(self) -> RedisServer:
-        """Stop and start again on the same port (the contents are lost: no persistence)."""
+        """Stop and start again on the same port (the contents are lost without a
+        ``data_dir``)."""
         port = self.port
         self.stop()
         self._port = port

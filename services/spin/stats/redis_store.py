@@ -11,26 +11,36 @@ sequence number. The same transaction that applies a batch sets ``{prefix}:_appl
 to that number, so the next attempt WATCHes that key, reads it, and either drops the batch (it was
 applied) or merges the new increments into it and applies both. Redis down: nothing is lost,
 ``on_error`` is called, retries back off exponentially (capped at ~5 s) and catch up when it returns.
+
+Shutdown with Redis down: ``close`` writes what is unwritten to ``spill_path`` (JSON, written
+whole then renamed), and the next store opened on that path takes it back, with the sequence key
+and number of its batch of unknown outcome, so the exactly-once rule holds across the restart;
+its first flush writes it. Without a ``spill_path``, or when the file cannot be written, the
+steps are lost: ``on_lost(steps)`` is called (a metric) and the loss is logged.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .store import (_ACCEPTED_POS, _DRAFTED_POS, _FLOAT_FIELDS, _INT_FIELDS, DEFAULT_KEY_PREFIX,
-                    DrafterStats, Population, Tallies, _absorb_all, _merge_into, _TallyingStore,
-                    _to_population)
+                    DrafterStats, Population, Tallies, _absorb_all, _merge_into, _Tally,
+                    _TallyingStore, _to_population)
 
 logger = logging.getLogger(__name__)
 
 _SEQ_TTL_S = 7 * 24 * 3600
+_SPILL_VERSION = 1
 
 
 class RedisStatsStore(_TallyingStore):
@@ -46,9 +56,12 @@ class RedisStatsStore(_TallyingStore):
         *,
         max_backoff_s: float = 5.0,
         socket_timeout_s: float = 0.5,
+        spill_path: Path | str | None = None,
+        on_lost: Callable[[int], None] | None = None,
     ) -> None:
         """``on_error(exc)`` is called on every failed Redis operation (a metric hook);
-        ``on_flush(steps)`` after every flush that wrote something, with the steps it wrote."""
+        ``on_flush(steps)`` after every flush that wrote something, with the steps it wrote;
+        ``spill_path``: see the module docstring; ``on_lost(steps)`` when steps are dropped."""
         super().__init__()
         if flush_interval_s <= 0 or max_backoff_s <= 0:
             raise ValueError("flush_interval_s and max_backoff_s must be positive")
@@ -69,6 +82,10 @@ class RedisStatsStore(_TallyingStore):
         self._snapshot: Population = {}  # last population read from Redis + batches applied since
         self._failing = False
         self._closed = False
+        self._spill = Path(spill_path) if spill_path else None
+        self._on_lost = on_lost
+        if self._spill is not None:
+            self._take_spill(self._spill)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spin-stats-flush", daemon=True)
         self._thread.start()
@@ -182,9 +199,57 @@ class RedisStatsStore(_TallyingStore):
             self._closed = True
         self._stop.set()
         self._thread.join(timeout=self.max_backoff_s + 5.0)
-        if not self.flush():
-            logger.warning("stats store closed with %d steps not written to Redis", self.pending_steps())
+        if not self.flush() and (steps := self.pending_steps()):
+            self._keep_unwritten(steps)
         self._client.close()
+
+    def _keep_unwritten(self, steps: int) -> None:
+        """Spill what Redis did not get, or count it lost."""
+        if self._spill is not None:
+            try:
+                self._write_spill(self._spill)
+            except OSError as e:
+                logger.error("stats store: %d steps not written to Redis and not kept (%s: %s)",
+                             steps, self._spill, e)
+            else:
+                logger.warning("stats store: %d steps not written to Redis, kept in %s for the "
+                               "next start", steps, self._spill)
+                return
+        else:
+            logger.warning("stats store closed with %d steps not written to Redis (no spill "
+                           "file: they are lost)", steps)
+        self._call_hook(self._on_lost, steps)
+
+    def _write_spill(self, path: Path) -> None:
+        with self._lock:
+            state = {"version": _SPILL_VERSION, "seq_key": self._seq_key,
+                     "batch_seq": self._batch_seq,
+                     "batch": None if self._batch is None else _tallies_json(self._batch),
+                     "pending": _tallies_json(self._pending)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+
+    def _take_spill(self, path: Path) -> None:
+        """Adopt what a previous store spilled to ``path`` (and remove the file)."""
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            logger.error("stats store: cannot read %s (%s); its steps are lost", path, e)
+            return
+        if state.get("version") != _SPILL_VERSION:
+            logger.error("stats store: %s has version %r, not %d; its steps are lost", path,
+                         state.get("version"), _SPILL_VERSION)
+            return
+        self._seq_key, self._batch_seq = state["seq_key"], int(state["batch_seq"])
+        self._batch = None if state["batch"] is None else _tallies_from_json(state["batch"])
+        self._pending = _tallies_from_json(state["pending"])
+        path.unlink(missing_ok=True)
+        logger.info("stats store: %d steps kept at the last shutdown, from %s, to be written",
+                    self.pending_steps(), path)
 
     def _unwritten(self) -> tuple[Tallies, ...]:
         return (self._batch or {}, self._pending)
@@ -214,6 +279,18 @@ class RedisStatsStore(_TallyingStore):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _tallies_json(tallies: Tallies) -> dict:
+    return {name: asdict(t) for name, t in tallies.items()}
+
+
+def _tallies_from_json(data: dict) -> Tallies:
+    out: Tallies = {}
+    for name, t in data.items():
+        hist = {f: {int(k): int(n) for k, n in t[f].items()} for f in ("k_counts", "accepted_counts")}
+        out[name] = _Tally(**{**t, **hist})
+    return out
 
 
 def _parse_hash(h: dict[str, str]) -> DrafterStats:

@@ -26,6 +26,7 @@ from ..obs import metrics, tracing
 from ..policy.cost_model import CostModel, VerifySample
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_from_proto
+from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
 from ..rpc.step_times import StepTimesMode, to_proto, verifier_times
@@ -154,7 +155,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].num_accepted = verdict.num_accepted
         seconds = time.perf_counter() - start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
-                                      runner.cache.usage)
+                                      runner.cache.usage, len(self.verifier.seqs))
         return verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
                                            verify_seconds=seconds, free_blocks=blocks.free_blocks,
                                            num_blocks=blocks.num_blocks)
@@ -190,7 +191,9 @@ def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
     service = VerifierService(model, runner, decompose=decompose)
     log.info("verifier %s", describe(service.verifier.runner))
     service.measure_step_times(step_times)
-    cfg.service_names = [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name]
+    service_descriptor = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]
+    cfg.service_names = [service_descriptor.full_name]
     cfg.trace_service = "spin-verifier"
-    asyncio.run(serve(cfg, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(service, s),
+    # requests that do not parse end their stream INVALID_ARGUMENT (rpc/decode.py)
+    asyncio.run(serve(cfg, lambda s: add_servicer(service, service_descriptor, s),
                       on_ready=announce("verifier")))

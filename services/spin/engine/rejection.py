@@ -29,12 +29,16 @@ runs with Python control flow (``walk_host``: a few tensor ops per child instead
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
+
+if TYPE_CHECKING:
+    from .logprobs import TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Verdict:
     """Accepted node indices, from the root down (a path of the tree)."""
     tokens: tuple[int, ...]
     """Emitted tokens: the accepted nodes' tokens, then the correction or bonus token."""
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    """The target's log-probabilities of ``tokens``, when the request asked (``logprobs.py``)."""
 
     @property
     def num_accepted(self) -> int:

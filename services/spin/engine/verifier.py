@@ -17,10 +17,11 @@ have (a seeded request draws the same numbers at the same step: ``Sequences.gene
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from .logprobs import emitted_logprobs
 from .model_runner import ForwardItem, ModelRunner
 from .rejection import Verdict, verify_batch
 from .sampling import SamplingParams
@@ -45,6 +46,9 @@ class VerifyRequest:
     """How the target's distribution is processed and sampled."""
     keep: int = 0
     """Context tokens the verifier holds that still hold (``Sequences.apply``)."""
+    logprobs: int | None = None
+    """None: no log-probabilities; n: each emitted token's and its n most likely alternatives
+    (``logprobs.py``)."""
 
 
 @dataclass
@@ -133,7 +137,10 @@ class Verifier:
         verdicts = verify_batch(logits, [0] * len(steps), [st.tree for st in steps],
                                 [st.request.sampling for st in steps],
                                 [self.seqs.generator(st.seq) for st in steps])
-        for st, verdict in zip(steps, verdicts):
+        for b, (st, verdict) in enumerate(zip(steps, verdicts)):
+            if st.request.logprobs is not None:
+                verdicts[b] = verdict = replace(verdict, logprobs=tuple(emitted_logprobs(
+                    logits[b], verdict, st.request.logprobs)))
             base = len(st.seq.context)
             cache.compact(st.seq.seq, [base + n for n in verdict.accepted], base)
             cache.commit(st.seq.seq, base + verdict.num_accepted)

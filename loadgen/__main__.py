@@ -15,6 +15,7 @@ import asyncio
 import collections
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--endpoint", default="localhost:50051", help="router address host:port")
+    p.add_argument("--api-key", default=os.environ.get("SPIN_API_KEY"),
+                   help="the router's API key (default: $SPIN_API_KEY)")
+    p.add_argument("--tls-ca", nargs="?", const="", metavar="PEM",
+                   help="connect over TLS, trusting this CA certificate (alone: the system's)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--rate", type=float, default=math.inf, help="requests/s (inf = all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1.0 = Poisson")
@@ -110,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     cfg = ClientConfig(a.endpoint, a.max_tokens, a.temperature, a.seed, a.speculation, a.k,
-                       a.ignore_eos, a.max_concurrency, a.timeout)
+                       a.ignore_eos, a.max_concurrency, a.timeout, api_key=a.api_key,
+                       tls_ca=a.tls_ca)
     try:
         outcome = asyncio.run(run(cfg, reqs, a.check_lossless, a.connect_timeout))
     except EndpointUnreachable:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import grpc
 from tqdm import tqdm
 
+from spin.rpc import credentials
 from spin.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 from .report import DrafterCounts, RequestResult, SpecCounts
@@ -50,6 +51,10 @@ class ClientConfig:
     """Requests in flight at most; None = unlimited."""
     timeout_s: float = 300.0
     """Deadline of one request."""
+    api_key: str | None = None
+    """The router's API key (None: none)."""
+    tls_ca: str | None = None
+    """Connect over TLS, trusting this CA file ('' = the system's roots); None: plaintext."""
 
 
 def speculation_message(spec: str, k: int = 0) -> generation_pb2.Speculation:
@@ -82,13 +87,14 @@ def _spec_counts(s: generation_pb2.SpeculationStats) -> SpecCounts:
 
 
 async def send_one(stub: generation_pb2_grpc.GenerationStub, index: int,
-                   greq: generation_pb2.GenerateRequest, timeout_s: float) -> RequestResult:
+                   greq: generation_pb2.GenerateRequest, timeout_s: float,
+                   metadata: tuple[tuple[str, str], ...] = ()) -> RequestResult:
     """Send one request and time its stream; errors are recorded, never raised."""
     res = RequestResult(index=index)
     start = time.perf_counter()
     last_token_at: float | None = None
     try:
-        async for msg in stub.Generate(greq, timeout=timeout_s):
+        async for msg in stub.Generate(greq, timeout=timeout_s, metadata=metadata):
             now = time.perf_counter()
             if msg.token_ids:
                 if last_token_at is None:
@@ -139,11 +145,12 @@ async def run_workload(stub: generation_pb2_grpc.GenerationStub, requests: Seque
             if delay > 0:
                 await asyncio.sleep(delay)
         greq = make_request(cfg, req, suffix)
+        auth = credentials.metadata(cfg.api_key)
         if sem is None:
-            res = await send_one(stub, req.index, greq, cfg.timeout_s)
+            res = await send_one(stub, req.index, greq, cfg.timeout_s, auth)
         else:
             async with sem:
-                res = await send_one(stub, req.index, greq, cfg.timeout_s)
+                res = await send_one(stub, req.index, greq, cfg.timeout_s, auth)
         bar.update(1)
         return res
 
@@ -184,7 +191,7 @@ async def run(cfg: ClientConfig, requests: Sequence[Request], check_lossless: bo
     The reference run sends every prompt at once (no arrival schedule) under the same concurrency
     limit; its request ids end in ``-ref``.
     """
-    async with grpc.aio.insecure_channel(cfg.endpoint) as channel:
+    async with credentials.aio_channel(cfg.endpoint, cfg.tls_ca) as channel:
         await wait_ready(channel, cfg.endpoint, connect_timeout_s)
         stub = generation_pb2_grpc.GenerationStub(channel)
         results, duration = await run_workload(stub, requests, cfg, "requests")

@@ -9,6 +9,7 @@ from typing import TextIO
 
 import grpc
 
+from .rpc import credentials
 from .v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 
@@ -30,6 +31,10 @@ class GenerateArgs:
     stop: tuple[str, ...] = ()
     steps: bool = False
     """After the summary, print every verification step: drafter, k, accepted, time."""
+    api_key: str | None = None
+    """The router's API key (None: none)."""
+    tls_ca: str | None = None
+    """Connect over TLS, trusting this CA file ('' = the system's roots); None: plaintext."""
     timeout_s: float = 300.0
 
 
@@ -52,7 +57,7 @@ def build_request(a: GenerateArgs) -> generation_pb2.GenerateRequest:
 
 def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Stream to ``out``; summary to ``err``. Exit code: 0, 2 bad request, 1 other errors."""
-    with grpc.insecure_channel(a.endpoint) as channel:
+    with credentials.channel(a.endpoint, a.tls_ca) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=10)
         except grpc.FutureTimeoutError:
@@ -65,7 +70,8 @@ def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         last = None
         steps: list[tuple[generation_pb2.StepInfo, int]] = []  # (step, tokens it emitted)
         try:
-            for msg in stub.Generate(build_request(a), timeout=a.timeout_s):
+            for msg in stub.Generate(build_request(a), timeout=a.timeout_s,
+                                     metadata=credentials.metadata(a.api_key)):
                 if msg.token_ids and first is None:
                     first = time.perf_counter()
                 out.write(msg.text)

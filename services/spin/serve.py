@@ -63,6 +63,9 @@ class ServeConfig:
     """Interface the router listens on."""
     port: int = 50051
     """The router's gRPC port."""
+    http_port: int | None = None
+    """The router's OpenAI-compatible HTTP port (0: a free one); None: 8000, or a free one when
+    ``port`` is 0. ``router.http_port`` None turns the HTTP API off."""
     metrics_port: int = 0
     """The router's Prometheus port (0 = a free one, printed)."""
     drafters: list[str] | None = None
@@ -95,6 +98,10 @@ class ServeConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every child (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``), over this
     process's."""
+    tls_cert: str | None = None
+    """The router's TLS certificate chain (PEM), for gRPC and HTTP; None: plaintext."""
+    tls_key: str | None = None
+    """Its private key (PEM)."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """When ``serve`` restarts a child that exited (``supervisor.py``)."""
 
@@ -116,6 +123,8 @@ class Child:
                                      preexec_fn=die_with_parent())
         self.port = 0
         self.metrics_port = 0
+        self.http_port = 0
+        """The router's HTTP API port (0: none)."""
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -124,6 +133,7 @@ class Child:
             if " ready grpc_port=" in line and not self._ready.is_set():
                 fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
                 self.port, self.metrics_port = int(fields["grpc_port"]), int(fields["metrics_port"])
+                self.http_port = int(fields.get("http_port", 0))
                 self._ready.set()
             else:
                 self._log.write(line)
@@ -149,8 +159,11 @@ class Child:
         self.stop(0)
         argv = _with_flag(_with_flag(self.argv, "--port", str(self.port)), "--metrics-port",
                           str(self.metrics_port))
+        if self.http_port:
+            argv = _with_flag(argv, "--http-port", str(self.http_port))
         child = Child(self.role, argv, self.log_dir, self.env, append=True)
-        child.port, child.metrics_port = self.port, self.metrics_port
+        child.port, child.metrics_port, child.http_port = (self.port, self.metrics_port,
+                                                           self.http_port)
         return child
 
     def stop(self, grace_s: float) -> None:
@@ -254,16 +267,23 @@ class Embedded:
                     *runner_argv(drafter)), cfg.log_dir, env))
             for c in self.children:
                 c.wait_ready(timeout_s)
+            http_port = cfg.http_port if cfg.http_port is not None else (8000 if cfg.port else 0)
             router = replace(
-                cfg.router, verifier=f"127.0.0.1:{self.children[0].port}",
+                cfg.router, verifier=f"127.0.0.1:{self.children[0].port}", api_key=None,
+                http_port=None if cfg.router.http_port is None else http_port,
                 tokenizer=cfg.router.tokenizer or target,
                 drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
                           for c in self.children[1:]},
                 redis_url=redis_url or cfg.router.redis_url,
                 stats_spill=cfg.router.stats_spill or str(cfg.log_dir / "stats-pending.json"))
-            server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
+            server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port,
+                                  tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
+            router_env = dict(env)  # the key goes in the environment, never on a command line
+            if cfg.router.api_key:
+                router_env["SPIN_API_KEY"] = cfg.router.api_key
             self.router = Child("router", _spin("router", *router_argv(router),
-                                                *server_argv(server, side_cpus)), cfg.log_dir, env)
+                                                *server_argv(server, side_cpus)), cfg.log_dir,
+                                router_env)
             self.router.wait_ready(timeout_s)
             self.children.append(self.router)
         except BaseException:
@@ -320,6 +340,10 @@ def serve(cfg: ServeConfig) -> int:
         emb.start()
         print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
               f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
+        if emb.router.http_port:
+            scheme = "https" if cfg.tls_cert else "http"
+            print(f"OpenAI-compatible API on {scheme}://{cfg.host}:{emb.router.http_port}/v1 "
+                  f"(POST /v1/completions, /v1/chat/completions; GET /v1/models)", flush=True)
         for c in emb.children:
             print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}  "
                   f"pid {c.proc.pid}", flush=True)

@@ -22,7 +22,8 @@ EVERY = RouterConfig(
                                          "http://127.0.0.1:8001"),
     scheduler=SchedulerConfig(max_batch=8, max_queue=9, draft_timeout_s=0.25, micro_batches=2,
                               prompt_lookup=False, verifier_outage_s=12.5),
-    stats_spill="/var/lib/spin/stats pending.json")
+    stats_spill="/var/lib/spin/stats pending.json", http_port=0,
+    chat_template="/templates/chat.jinja", served_model_name="my-model")
 CONFIGS = {
     "defaults": DEFAULTS,
     "every field": EVERY,
@@ -33,6 +34,7 @@ CONFIGS = {
         kubernetes=KubernetesDiscoveryConfig("app=spin", "ns", "http://127.0.0.1:8001")),
     "no speculation by default": RouterConfig("127.0.0.1:9", "t", default_drafter=None),
     "a drafter by default": RouterConfig("127.0.0.1:9", "t", {"d": "127.0.0.1:3"}, "d", 2),
+    "no HTTP API": RouterConfig("127.0.0.1:9", "t", http_port=None),
 }
 
 
@@ -65,7 +67,9 @@ def test_every_flagged_field_is_changed_in_the_round_trip() -> None:
 def test_the_fields_without_flags_are_known() -> None:
     """A new config field gets a flag (and a place in ``router_argv``) or is listed here."""
     without = {cls: {f.name for f in fields(cls)} - flagged for cls, flagged in _FLAGGED.items()}
-    assert without == {RouterConfig: {"rpc_overhead_s"},
+    # api_key: a secret, read from --api-key or $SPIN_API_KEY and passed in the environment,
+    # never written on a command line
+    assert without == {RouterConfig: {"rpc_overhead_s", "api_key"},
                        SchedulerConfig: {"verify_timeout_s"},
                        KubernetesDiscoveryConfig: {"watch_timeout_s", "retry_s"}}
     for cls, flagged in _FLAGGED.items():

@@ -401,7 +401,8 @@ def test_grpc_probes_and_named_ports(value_set: str) -> None:
         seen.add(role)
         c = pod["containers"][0]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert ports == {"grpc": GRPC_PORTS[role], "metrics": 9090}, obj["metadata"]["name"]
+        http = {"http": 8000} if role == "router" else {}  # the OpenAI-compatible API
+        assert ports == {"grpc": GRPC_PORTS[role], "metrics": 9090, **http}, obj["metadata"]["name"]
         assert flag(c["args"], "--port") == str(GRPC_PORTS[role])
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["grpc"] == {"port": GRPC_PORTS[role]}, (obj["metadata"]["name"], probe)
@@ -809,3 +810,29 @@ def test_readme_documents_every_value() -> None:
         for part in row.split("."):
             assert isinstance(node, dict) and part in node, f"README.md documents unknown key {row}"
             node = node[part]
+
+
+# --- the OpenAI-compatible API, its key and TLS -------------------------------------------------
+
+def test_the_router_serves_http_with_a_key_from_a_secret_and_tls() -> None:
+    docs = render("--set", "router.apiKey.existingSecret=spin-api", "--set",
+                  "router.tls.secretName=spin-tls")
+    c = main_container(docs, "spin-router")
+    assert flag(c["args"], "--http-port") == "8000"
+    assert env(c)["SPIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "spin-api",
+                                                                    "key": "api-key"}
+    assert not any("spin-api" in a or "api-key" in a for a in c["args"])  # never on the command line
+    assert (flag(c["args"], "--tls-cert"), flag(c["args"], "--tls-key")) == (
+        "/etc/spin/tls/tls.crt", "/etc/spin/tls/tls.key")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(docs, "spin-router")["volumes"]}
+    assert mounts["tls"] == "/etc/spin/tls" and volumes["tls"]["secret"]["secretName"] == "spin-tls"
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "spin-router")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"] == 8000
+
+
+def test_without_http_the_router_gets_no_http_port() -> None:
+    docs = render("--set", "router.http.enabled=false")
+    c = main_container(docs, "spin-router")
+    assert "--no-http" in c["args"] and "SPIN_API_KEY" not in env(c)
+    assert "http" not in {p["name"] for p in c["ports"]}

@@ -10,10 +10,11 @@ from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|services|policy|fit|ab``."""
+    """``spin bench engine|attention|services|api|policy|fit|ab``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
-    for add in (_add_engine, _add_attention, _add_services, _add_policy, _add_fit, _add_ab):
+    for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_fit,
+                _add_ab):
         add(bsub)
 
 
@@ -41,6 +42,29 @@ def _add_services(bsub: argparse._SubParsersAction) -> None:
     bs.add_argument("--json", help="write the report as JSON to this file")
     bs.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bs.set_defaults(func=_bench_services)
+
+
+def _add_api(bsub: argparse._SubParsersAction) -> None:
+    ba = bsub.add_parser("api", help="single streams through the gRPC API vs the HTTP API")
+    ba.add_argument("--prompts", type=positive(int), default=8)
+    ba.add_argument("--rounds", type=positive(int), default=3)
+    ba.add_argument("--json", help="write the report as JSON to this file")
+    ba.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    ba.set_defaults(func=_bench_api)
+
+
+def _bench_api(args: argparse.Namespace) -> int:
+    from ..bench.api import ApiBenchConfig, run_api_bench
+
+    r = run_api_bench(ApiBenchConfig(family_dir=args.family_dir, prompts=args.prompts,
+                                     rounds=args.rounds))
+    print(f"{r['prompts']} prompts x {r['rounds']} rounds x {r['new_tokens']} tokens, single "
+          f"stream, greedy, speculation auto")
+    print(f"gRPC {r['tok_s_grpc']:.1f} tok/s | HTTP (SSE) {r['tok_s_http']:.1f} tok/s = "
+          f"{r['ratio_http_vs_grpc']:.3f}x (median per prompt {r['ratio_median_per_prompt']:.3f}x)"
+          f"; same tokens: {r['same_tokens']}")
+    write_json(args.json, r)
+    return 0 if r["same_tokens"] else 1
 
 
 def _add_policy(bsub: argparse._SubParsersAction) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from .flags import fail, positive
 
@@ -21,6 +22,10 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                      help="auto (the router's policy), off, or a drafter name")
     gen.add_argument("--k", type=int, default=0, help="k for a named drafter (0 = router's)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--api-key", default=os.environ.get("SPIN_API_KEY"),
+                     help="the router's API key (default: $SPIN_API_KEY)")
+    gen.add_argument("--tls-ca", nargs="?", const="", metavar="PEM",
+                     help="connect over TLS, trusting this CA certificate (alone: the system's)")
     gen.add_argument("--steps", action="store_true",
                      help="then print every verification step: drafter, k, accepted, ms, and "
                           "the policy's predicted ms")
@@ -34,4 +39,5 @@ def _generate(args: argparse.Namespace) -> int:
         return fail("generate", "the prompt is empty")
     return generate(GenerateArgs(args.prompt, args.endpoint, args.max_tokens, args.temperature,
                                  args.top_p, args.top_k, args.seed, args.speculation, args.k,
-                                 tuple(args.stop), args.steps))
+                                 tuple(args.stop), args.steps, api_key=args.api_key,
+                                 tls_ca=args.tls_ca))

@@ -138,14 +138,20 @@ def service_flags(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
     p.add_argument("--cpus", type=cpu_list, metavar="LIST",
                    help="run on these cores only, e.g. 1 or 0,2-3 (Linux; default: all)")
+    p.add_argument("--tls-cert", "--ssl-certfile", dest="tls_cert", metavar="PEM",
+                   help="serve TLS with this certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", "--ssl-keyfile", dest="tls_key", metavar="PEM",
+                   help="the private key of --tls-cert")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """The ``ServerConfig`` of ``service_flags`` (``--cpus`` is ``args.cpus``)."""
     from ..rpc.serving import ServerConfig
 
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
     return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
-                        grace_s=args.grace)
+                        grace_s=args.grace, tls_cert=args.tls_cert, tls_key=args.tls_key)
 
 
 def server_argv(server: ServerConfig, cpus: list[int] | None = None) -> list[str]:
@@ -157,6 +163,8 @@ def server_argv(server: ServerConfig, cpus: list[int] | None = None) -> list[str
         argv += ["--metrics-port", str(server.metrics_port)]
     if cpus is not None:
         argv += ["--cpus", format_cpus(cpus)]
+    if server.tls_cert:
+        argv += ["--tls-cert", server.tls_cert, "--tls-key", server.tls_key or ""]
     return argv
 
 

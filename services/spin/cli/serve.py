@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,6 @@ from .services import default_drafter
 
 if TYPE_CHECKING:
     from ..serve import ServeConfig
-    from ..supervisor import RestartPolicy
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,19 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=50051)
     sv.add_argument("--metrics-port", type=int, default=0)
+    sv.add_argument("--http-port", type=int, help="the OpenAI-compatible HTTP API's port "
+                    "(default 8000; a free one with --port 0)")
+    sv.add_argument("--no-http", action="store_true", help="serve no HTTP API")
+    sv.add_argument("--api-key", default=os.environ.get("SPIN_API_KEY"),
+                    help="clients must send it (HTTP: 'Authorization: Bearer KEY'; gRPC: the "
+                    "same 'authorization' metadata); default: $SPIN_API_KEY, else no key")
+    sv.add_argument("--tls-cert", "--ssl-certfile", dest="tls_cert", metavar="PEM",
+                    help="serve gRPC and HTTP over TLS with this certificate chain")
+    sv.add_argument("--tls-key", "--ssl-keyfile", dest="tls_key", metavar="PEM",
+                    help="the private key of --tls-cert")
+    sv.add_argument("--chat-template", metavar="FILE",
+                    help="a Jinja chat template for /v1/chat/completions (default: the "
+                    "tokenizer's)")
     sv.add_argument("--drafters", help="comma-separated draft models (default: all)")
     sv.add_argument("--default-drafter", default=PROMPT_LOOKUP)
     sv.add_argument("--default-k", type=positive(int), default=4)
@@ -76,12 +89,16 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     drafter_models = named_models(args.drafter, "--drafter") if args.drafter else None
     router = RouterConfig(default_drafter=default_drafter(args.default_drafter),
                           default_k=args.default_k, policy=args.policy, policy_config=overrides,
+                          http_port=None if args.no_http else 8000,
+                          api_key=args.api_key or None, chat_template=args.chat_template,
                           scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                     max_queue=args.max_queue,
                                                     micro_batches=args.micro_batches,
                                                     verifier_outage_s=args.verifier_outage))
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
     return ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
                        metrics_port=args.metrics_port,
                        drafters=args.drafters.split(",") if args.drafters else None,
@@ -90,6 +107,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                        drafter_models=drafter_models, runner=runner_config(args),
                        drafter_kv_cache_memory=args.drafter_kv_cache_memory,
                        restart=RestartPolicy(max_restarts=args.max_restarts),
+                       http_port=args.http_port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                        **({"log_dir": args.log_dir} if args.log_dir else {}))
 
 

@@ -131,6 +131,19 @@ def add_router(sub: argparse._SubParsersAction) -> None:
     rt.add_argument("--verifier-outage", type=positive(float), default=30.0, metavar="SECONDS",
                     help="how long running requests wait for an unreachable verifier (e.g. one "
                     "restarting) before they fail with UNAVAILABLE")
+    rt.add_argument("--http-port", type=int,
+                    help="the OpenAI-compatible HTTP API's port (0 = a free one; default 8000, "
+                    "or a free one with --port 0)")
+    rt.add_argument("--no-http", action="store_true", help="serve no HTTP API")
+    rt.add_argument("--api-key", default=os.environ.get("SPIN_API_KEY"),
+                    help="clients must send it as 'Authorization: Bearer KEY' (HTTP) or the same "
+                    "'authorization' metadata (gRPC); health and reflection stay open "
+                    "(default: $SPIN_API_KEY, else no key)")
+    rt.add_argument("--chat-template", metavar="FILE",
+                    help="a Jinja chat template for /v1/chat/completions (default: the "
+                    "tokenizer's)")
+    rt.add_argument("--served-model-name", help="the HTTP API's model id (default: the target's "
+                    "name)")
     rt.add_argument("--policy", choices=("learned", "fixed"), default="learned",
                     help="learned: per-request drafter bandit + goodput-chosen k; fixed: "
                     "--default-drafter and --default-k for every request")
@@ -145,11 +158,12 @@ def _router(args: argparse.Namespace) -> int:
     place(args)
     try:
         cfg = router_config(args)
+        server = server_config(args)
     except ValueError as e:
         return fail("router", e)
     from ..router.server import run
 
-    run(cfg, server_config(args))
+    run(cfg, server)
     return 0
 
 
@@ -179,6 +193,9 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
                         _redis_url(args.redis_url), args.policy, args.cost_model, kubernetes=kube,
                         policy_config=overrides, stats_spill=args.stats_spill,
+                        http_port=None if args.no_http else _http_port(args),
+                        api_key=args.api_key or None, chat_template=args.chat_template,
+                        served_model_name=args.served_model_name,
                         scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                   max_queue=args.max_queue,
                                                   draft_timeout_s=args.draft_timeout,
@@ -190,7 +207,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 _FLAGGED = {
     RouterConfig: {"verifier", "tokenizer", "drafters", "default_drafter", "default_k",
                    "redis_url", "policy", "cost_model", "policy_config", "kubernetes",
-                   "scheduler", "stats_spill"},
+                   "scheduler", "stats_spill", "http_port", "chat_template",
+                   "served_model_name"},
     SchedulerConfig: {"max_batch", "max_queue", "draft_timeout_s", "micro_batches",
                       "prompt_lookup", "verifier_outage_s"},
     KubernetesDiscoveryConfig: {"label_selector", "namespace", "api_url"},
@@ -244,9 +262,20 @@ def router_argv(cfg: RouterConfig) -> list[str]:
         argv += ["--cost-model", str(cfg.cost_model)]
     if cfg.stats_spill is not None:
         argv += ["--stats-spill", cfg.stats_spill]
+    argv += ["--no-http"] if cfg.http_port is None else ["--http-port", str(cfg.http_port)]
+    if cfg.chat_template is not None:
+        argv += ["--chat-template", cfg.chat_template]
+    if cfg.served_model_name is not None:
+        argv += ["--served-model-name", cfg.served_model_name]
     if cfg.policy_config:
         argv += ["--policy-config", json.dumps(cfg.policy_config)]
     return argv
+
+
+def _http_port(args: argparse.Namespace) -> int:
+    if args.http_port is not None:
+        return args.http_port
+    return 0 if getattr(args, "port", None) == 0 else 8000
 
 
 def _redis_url(url: str | None) -> str | None:

@@ -16,6 +16,9 @@ import torch
 
 from .rejection import Verdict
 
+MAX_LOGPROBS = 20
+"""Alternatives per token at most (OpenAI's ``top_logprobs`` limit)."""
+
 
 @dataclass(frozen=True)
 class TokenLogprobs:

@@ -146,10 +146,6 @@ class Sequences:
         self.cache.blocks.evict(s.seq)
         s.drafted = []
 
-    def __len__(self) -> int:
-        """Requests held."""
-        return len(self._seqs)
-
     def release(self, request_id: str) -> None:
         """Forget the request and free its cache; unknown ids are ignored (idempotent)."""
         s = self._seqs.pop(request_id, None)

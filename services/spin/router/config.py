@@ -76,3 +76,14 @@ class RouterConfig:
     """A file for the statistics that could not be written to Redis at shutdown, written there
     at the next start (``stats/redis_store.py``); one per router replica. None: such a loss is
     counted (``spin:stats_steps_lost_total``) and logged."""
+    http_port: int | None = 8000
+    """The OpenAI-compatible HTTP API's port (``openai_api/``; 0: a free one); None: no HTTP
+    API."""
+    api_key: str | None = None
+    """Clients must send ``Authorization: Bearer <api_key>`` (HTTP) or the same
+    ``authorization`` metadata (gRPC); None: no key. A secret: ``spin router`` reads it from
+    ``--api-key`` or $SPIN_API_KEY, and ``spin serve`` passes it in the environment."""
+    chat_template: str | None = None
+    """A Jinja chat template file for ``/v1/chat/completions`` instead of the tokenizer's."""
+    served_model_name: str | None = None
+    """The model id of the HTTP API (``/v1/models``); None: the target's name."""

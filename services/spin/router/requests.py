@@ -43,6 +43,9 @@ class RouterRequest:
     """Client-chosen drafter (mode 'drafter')."""
     k: int = 0
     """Client-chosen k (mode 'drafter'; 0 = policy's)."""
+    logprobs: int | None = None
+    """Return the target's log-probabilities of the generated tokens and this many alternatives
+    each (None: none)."""
     arrival: float = field(default_factory=time.perf_counter)
     generated: list[int] = field(default_factory=list)
     synced: dict[str, int] = field(default_factory=dict)

@@ -189,7 +189,7 @@ class Scheduler:
             keep = self.verifier.route(r.request_id, r.synced.get(VERIFIER, 0))
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
-                                    r.tracestate))
+                                    r.tracestate, r.logprobs))
         release = self._release.pop(VERIFIER, set())
         try:
             reply = await self.verifier.verify(tasks, release, self.cfg.verify_timeout_s)
@@ -359,7 +359,7 @@ class Scheduler:
                  if tree is not None and r.sampling.greedy else None)
         self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s, ranks)
         start = len(r.generated)
-        chunk = self.stream.emit(r, res.tokens, step)
+        chunk = self.stream.emit(r, res.tokens, step, res.logprobs)
         self.accounting.streamed(r, len(r.generated) - start, chunk.finish)
         if chunk.finish is not None:
             self._finish(r)

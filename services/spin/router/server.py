@@ -11,6 +11,7 @@ the request's caches in every service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -18,114 +19,51 @@ from transformers import AutoTokenizer
 
 from ..engine.translate import Translator
 from ..engine.vocab import TokenizerId, identify, incompatibility
-from ..obs import metrics, tracing
-from ..policy.base import PROMPT_LOOKUP, FixedPolicy, Policy
+from ..obs import metrics
+from ..policy.base import FixedPolicy, Policy
 from ..policy.cost_model import CostModel
+from ..rpc.convert import logprobs_to_proto
 from ..rpc.decode import add_servicer
-from ..rpc.serving import ServerConfig, announce, serve
+from ..rpc.serving import Hooks, ServerConfig, announce, serve
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .admission import KVBudget
 from .clients import ServiceDown
 from .config import RouterConfig
 from .cost import ReplicaCosts
 from .discovery import Endpoints, KubernetesDiscovery
+from .frontend import STATUS, Frontend, RequestFailed
 from .pool import ReplicaPool
-from .requests import RouterRequest
-from .scheduler import QueueFull, Scheduler
+from .scheduler import Scheduler
 from .services import DrafterClients, VerifierClient
-from .streaming import Chunk, ErrorCode, RequestError
-from .validation import MAX_K, request_from_proto
+from .streaming import Chunk
 
-STATUS: dict[ErrorCode, grpc.StatusCode] = {
-    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "unavailable": grpc.StatusCode.UNAVAILABLE,
-    "internal": grpc.StatusCode.INTERNAL,
-}
-"""The gRPC status of each ``RequestError`` code."""
 FINISH = {"length": generation_pb2.FINISH_REASON_LENGTH, "stop": generation_pb2.FINISH_REASON_STOP}
 GENERATION = generation_pb2.DESCRIPTOR.services_by_name["Generation"]
 """The service this module serves."""
-MAX_TRACKED_IDS = 4096
-"""Ids of requests remembered before the finished ones among them are forgotten."""
-
 log = logging.getLogger(__name__)
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):
-    """``spin.v1.Generation`` over the scheduler: register it with ``add_servicer`` (``rpc/
-    decode.py``), so that a request that does not even parse is answered INVALID_ARGUMENT too."""
+    """``spin.v1.Generation`` over the router's ``Frontend``: register it with ``add_servicer``
+    (``rpc/decode.py``), so that a request that does not even parse is answered
+    INVALID_ARGUMENT too."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int,
-                 max_k: int = MAX_K) -> None:
-        self.scheduler = scheduler
-        self.tokenizer = tokenizer
-        self.max_context = max_context
-        self.vocab_size = vocab_size
-        self.max_k = max_k
-        """Largest ``speculation.k`` a request may ask for."""
-        self.requests: dict[str, RouterRequest] = {}
-        """Request id -> the request last submitted with it. An id stays taken until the
-        scheduler has finished its request (a cancelled one only some time after its stream
-        ended): the scheduler and the services key their state by it."""
-
-    @property
-    def drafter_names(self) -> set[str]:
-        """Drafters a request may name now (discovery adds them as they appear)."""
-        names = set(self.scheduler.drafters)
-        return names | {PROMPT_LOOKUP} if self.scheduler.cfg.prompt_lookup else names
-
-    def parse(self, req: generation_pb2.GenerateRequest) -> RouterRequest:
-        """The request as the scheduler takes it; ValueError (and nothing else) names what is
-        wrong and the allowed range (``validation.py``)."""
-        return request_from_proto(req, self._tokenize, self.max_context, self.vocab_size,
-                                  lambda: self.drafter_names, self.max_k)
-
-    def _tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _check_id_free(self, request_id: str) -> None:
-        """ValueError when a request the scheduler has not finished has ``request_id``."""
-        old = self.requests.get(request_id)
-        if old is not None and not old.finished:
-            raise ValueError(f"request_id {request_id!r} is in use by a running request")
-        if len(self.requests) >= MAX_TRACKED_IDS:  # cancelled ones finish after their streams
-            self.requests = {i: r for i, r in self.requests.items() if not r.finished}
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
 
     async def Generate(self, request: generation_pb2.GenerateRequest,
                        context: grpc.aio.ServicerContext):
         """Stream one request's tokens (module docstring)."""
         try:
-            req = self.parse(request)
-            self._check_id_free(req.request_id)
-        except ValueError as e:
-            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        try:
-            self.scheduler.submit(req)
-        except QueueFull as e:
-            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        self.requests[req.request_id] = req
-        req.trace = tracing.RequestTrace.start(req)  # None unless traced (and sampled)
-        try:
-            while True:
-                event = await req.out.get()
-                if isinstance(event, RequestError):
-                    if req.trace is not None:
-                        req.trace.fail(STATUS[event.code], event.message)
-                    await context.abort(STATUS[event.code], event.message)
-                if req.trace is not None:
-                    req.trace.observe(event)
-                yield response(event)
-                if event.finish is not None:
-                    return
-        finally:
-            self.scheduler.cancel(req)  # no-op when finished; frees the caches otherwise
-            if req.finished and self.requests.get(req.request_id) is req:
-                del self.requests[req.request_id]
-            if req.trace is not None:
-                req.trace.end()
+            req = self.frontend.submit(request)
+        except RequestFailed as e:
+            await context.abort(STATUS[e.code], e.message)
+        async with contextlib.aclosing(self.frontend.events(req)) as events:
+            try:
+                async for chunk in events:
+                    yield response(chunk)
+            except RequestFailed as e:
+                await context.abort(STATUS[e.code], e.message)
 
 
 def response(c: Chunk) -> generation_pb2.GenerateResponse:
@@ -137,6 +75,8 @@ def response(c: Chunk) -> generation_pb2.GenerateResponse:
             drafter=st.drafter, k=st.k, draft_tokens=st.draft_tokens,
             accepted_tokens=st.accepted_tokens, step_seconds=st.step_seconds,
             predicted_step_seconds=st.predicted_step_seconds, batch_size=st.batch_size))
+    if c.logprobs is not None:
+        logprobs_to_proto(c.logprobs, msg.logprobs)
     if c.finish is not None:
         msg.finish_reason = FINISH[c.finish]
     if c.usage is not None:
@@ -304,7 +244,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
                           tokenizer.eos_token_id, store,
                           KVBudget(info.block_size, info.num_blocks, info.num_blocks),
                           translators)
-    service = GenerationService(scheduler, tokenizer, info.max_context, info.vocab_size)
+    frontend = Frontend(scheduler, tokenizer, info.max_context, info.vocab_size)
+    service = GenerationService(frontend)
     loop_task = asyncio.create_task(scheduler.run())
 
     async def after_stop() -> None:  # server.stop() let in-flight streams finish first
@@ -316,11 +257,49 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
         for c in [verifier, *drafters.values()]:
             await c.close()
 
+    http = _http_server(cfg, server_cfg, frontend, info.name, verifier)
+    http_port = [0]
+
+    async def start_http() -> None:
+        if http is not None:
+            http_port[0] = await http.start()
+            log.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", "https" if
+                     server_cfg.tls_cert else "http", server_cfg.host, http_port[0])
+
+    async def stop_all() -> None:
+        if http is not None:
+            await http.stopped()  # its running responses finish before the scheduler stops
+        await after_stop()
+
     server_cfg.service_names = [GENERATION.full_name]
     server_cfg.trace_service, server_cfg.trace_redis = "spin-router", True
-    await serve(server_cfg,
-                lambda s: add_servicer(service, GENERATION, s),
-                on_ready=announce("router"), after_stop=after_stop)
+    server_cfg.api_key = cfg.api_key
+    await serve(server_cfg, lambda s: add_servicer(service, GENERATION, s),
+                hooks=Hooks(on_ready=announce("router", http_port=lambda: http_port[0]),
+                            before_ready=start_http, after_stop=stop_all,
+                            on_stop=http.begin_stop if http is not None else None))
+
+
+def _http_server(cfg: RouterConfig, server_cfg: ServerConfig, frontend: Frontend, target: str,
+                 verifier: ReplicaPool):
+    """The OpenAI-compatible API's server (not started), or None without one."""
+    if cfg.http_port is None:
+        return None
+    from ..openai_api.app import create_app
+    from ..openai_api.chat import ChatTemplate
+    from ..openai_api.server import HttpConfig, HttpServer
+
+    try:
+        chat = ChatTemplate(frontend.tokenizer, cfg.chat_template)
+    except OSError as e:
+        raise SystemExit(f"cannot read --chat-template {cfg.chat_template}: {e}") from None
+    if not chat.available:
+        log.warning("the tokenizer has no chat template: /v1/chat/completions answers 400 "
+                    "(--chat-template FILE adds one)")
+    app = create_app(frontend, chat, cfg.served_model_name or target, cfg.api_key,
+                     lambda: verifier.available)
+    return HttpServer(app, HttpConfig(server_cfg.host, cfg.http_port, server_cfg.tls_cert,
+                                      server_cfg.tls_key, server_cfg.grace_s))
 
 
 def run(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None = None) -> None:

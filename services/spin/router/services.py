@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from ..engine.sampling import SamplingParams
 from ..engine.tree import TokenTree
-from ..rpc.convert import sampling_to_proto, tree_from_wire, tree_to_wire
+from ..engine.logprobs import TokenLogprobs
+from ..rpc.convert import logprobs_from_proto, sampling_to_proto, tree_from_wire, tree_to_wire
 from ..v1 import drafter_pb2, verifier_pb2
 from .clients import ServiceDown
 from .pool import ReplicaPool
@@ -93,6 +94,8 @@ class VerifyTask:
     sampling: SamplingParams
     traceparent: str = ""
     tracestate: str = ""
+    logprobs: int | None = None
+    """Log-probabilities to return (``engine/logprobs.py``; None: none)."""
 
 
 @dataclass
@@ -110,6 +113,8 @@ class VerifyResult:
     preempted: bool = False
     """No KV blocks for the request this step: its cache was dropped, its context kept; nothing
     was verified."""
+    logprobs: list[TokenLogprobs] | None = None
+    """One per ``tokens``, when the task asked."""
 
 
 @dataclass
@@ -171,7 +176,8 @@ class VerifierClient:
                                            release=sorted(release))
         resp = await self.pool.call(batch, timeout_s)
         return VerifyReply([VerifyResult(r.request_id, list(r.tokens), r.num_accepted, r.resync,
-                                         r.preempted) for r in resp.results],
+                                         r.preempted, logprobs_from_proto(r.logprobs) if r.logprobs
+                                         else None) for r in resp.results],
                            resp.verify_seconds, resp.free_blocks, resp.num_blocks)
 
 
@@ -234,7 +240,8 @@ def _verify_task(t: VerifyTask) -> verifier_pb2.VerifyTask:
     return verifier_pb2.VerifyTask(request_id=t.request_id, keep=t.keep,
                                    context_delta=t.context_delta, tree=tree,
                                    sampling=sampling_to_proto(t.sampling),
-                                   traceparent=t.traceparent, tracestate=t.tracestate)
+                                   traceparent=t.traceparent, tracestate=t.tracestate,
+                                   logprobs=t.logprobs)
 
 
 def _draft_task(t: DraftTask) -> drafter_pb2.DraftTask:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from ..engine.logprobs import TokenLogprobs
 from .accounting import StepInfo
 from .requests import RouterRequest, TextStream
 
@@ -74,6 +75,8 @@ class Chunk:
     """Set on the last message only, with ``usage`` and ``speculation``."""
     usage: Usage | None = None
     speculation: SpeculationStats | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    """One per ``token_ids`` when the request asked for them."""
 
 
 StreamEvent = Chunk | RequestError
@@ -97,9 +100,10 @@ class Streamer:
     def fail(self, r: RouterRequest, code: ErrorCode, message: str) -> None:
         r.out.put_nowait(RequestError(code, message))
 
-    def emit(self, r: RouterRequest, tokens: list[int], step: StepInfo) -> Chunk:
-        """Append a step's ``tokens`` to ``r`` and send them; the chunk sent (``finish`` set when
-        the request is done: the caller finishes it)."""
+    def emit(self, r: RouterRequest, tokens: list[int], step: StepInfo,
+             logprobs: list[TokenLogprobs] | None = None) -> Chunk:
+        """Append a step's ``tokens`` (and their ``logprobs``, if asked) to ``r`` and send them;
+        the chunk sent (``finish`` set when the request is done: the caller finishes it)."""
         start = len(r.generated)
         finish: FinishReason | None = None
         for tok in tokens:
@@ -114,9 +118,11 @@ class Streamer:
         if hit:
             finish = "stop"
         done = finish is not None
-        chunk = Chunk(r.request_id, r.generated[start:], text, step, finish,
+        emitted = r.generated[start:]
+        chunk = Chunk(r.request_id, emitted, text, step, finish,
                       Usage(len(r.prompt), len(r.generated)) if done else None,
-                      _speculation(r) if done else None)
+                      _speculation(r) if done else None,
+                      logprobs[:len(emitted)] if logprobs is not None else None)
         r.out.put_nowait(chunk)
         return chunk
 

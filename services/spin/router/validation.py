@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 
 from google.protobuf.message import Message
 
+from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.sampling import SamplingParams
 from ..rpc.convert import sampling_from_proto
 from ..v1 import generation_pb2
@@ -139,6 +140,9 @@ def request_from_proto(req: generation_pb2.GenerateRequest, tokenize: Tokenize, 
     if mode == "drafter" and spec.drafter not in (known := drafter_names()):
         raise ValueError(f"unknown drafter {spec.drafter!r} for speculation.drafter; known: "
                          f"{sorted(known)}")
+    logprobs = req.logprobs if req.HasField("logprobs") else None
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}")
     return RouterRequest(req.request_id or uuid.uuid4().hex, ids, req.max_tokens, sampling,
                          tuple(req.stop), req.ignore_eos, mode,
-                         spec.drafter if mode == "drafter" else None, spec.k)
+                         spec.drafter if mode == "drafter" else None, spec.k, logprobs=logprobs)

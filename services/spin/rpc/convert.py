@@ -8,11 +8,13 @@ The router passes a drafter's tree on to the verifier without decoding its proba
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ..engine.logprobs import TokenLogprobs
 from ..engine.sampling import SamplingParams
 from ..engine.tree import TokenTree
 from ..v1 import sampling_pb2, token_tree_pb2
@@ -138,3 +140,14 @@ def tree_to_wire(tree: TokenTree) -> token_tree_pb2.TokenTree:
     if isinstance(tree, ReceivedTree) and tree.message is not None:
         return tree.message
     return tree_to_proto(tree)
+
+
+def logprobs_to_proto(logprobs: Iterable[TokenLogprobs], out) -> None:
+    """Append ``logprobs`` to ``out``, a repeated ``spin.v1.TokenLogprobs`` field."""
+    for lp in logprobs:
+        out.add(logprob=lp.logprob, top_token_ids=[t for t, _ in lp.top],
+                top_logprobs=[v for _, v in lp.top])
+
+
+def logprobs_from_proto(msgs: Iterable[sampling_pb2.TokenLogprobs]) -> list[TokenLogprobs]:
+    return [TokenLogprobs(m.logprob, tuple(zip(m.top_token_ids, m.top_logprobs))) for m in msgs]

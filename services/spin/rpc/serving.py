@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import start_http_server
 
 from ..obs import tracing
+from .auth import ApiKeyInterceptor
 from .decode import add_servicer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,12 @@ class ServerConfig:
     tracing is on iff ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set."""
     trace_redis: bool = False
     """Also trace Redis commands (the router's statistics store)."""
+    tls_cert: str | None = None
+    """PEM certificate chain: the port serves TLS (with ``tls_key``); None: plaintext."""
+    tls_key: str | None = None
+    """PEM private key of ``tls_cert``."""
+    api_key: str | None = None
+    """Calls to ``service_names`` need ``authorization: Bearer <api_key>`` (``auth.py``)."""
 
 
 async def _set(servicer: health.aio.HealthServicer, name: str, status: int) -> None:
@@ -63,27 +70,44 @@ async def _set(servicer: health.aio.HealthServicer, name: str, status: int) -> N
         await out
 
 
+@dataclass
+class Hooks:
+    """What a process does around its gRPC server's start and stop."""
+
+    on_ready: Callable[[int, int | None], None] | None = None
+    """Runs once it listens, with the gRPC and metrics ports."""
+    before_ready: Callable[[], Awaitable[None]] | None = None
+    """Runs after the server started, before ``on_ready`` (e.g. another listener)."""
+    on_stop: Callable[[], None] | None = None
+    """Runs as soon as a stop is asked for (e.g. another listener stops accepting)."""
+    after_stop: Callable[[], Awaitable[None]] | None = None
+    """Runs once in-flight calls have drained (or the grace period ended)."""
+
+
 async def serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
                 on_ready: Callable[[int, int | None], None] | None = None,
-                after_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+                after_stop: Callable[[], Awaitable[None]] | None = None,
+                hooks: Hooks | None = None) -> None:
     """Run a gRPC server until SIGTERM/SIGINT.
 
     ``register`` adds the servicers; ``on_ready(grpc_port, metrics_port)`` runs once it listens;
     ``after_stop`` runs once in-flight calls have drained (or the grace period ended); buffered
-    spans are exported after it.
+    spans are exported after it. ``hooks`` (instead of those two) adds the others.
     """
+    hooks = hooks or Hooks(on_ready=on_ready, after_stop=after_stop)
     tracing.setup(cfg.trace_service, redis=cfg.trace_redis)
     try:
-        await _serve(cfg, register, on_ready, after_stop)
+        await _serve(cfg, register, hooks)
     finally:
         tracing.shutdown()
 
 
 async def _serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
-                 on_ready: Callable[[int, int | None], None] | None,
-                 after_stop: Callable[[], Awaitable[None]] | None) -> None:
-    server = grpc.aio.server(options=CHANNEL_OPTIONS,
-                             interceptors=tracing.server_interceptors(cfg.service_names))
+                 hooks: Hooks) -> None:
+    interceptors = list(tracing.server_interceptors(cfg.service_names) or [])
+    if cfg.api_key:
+        interceptors.insert(0, ApiKeyInterceptor(cfg.api_key, cfg.service_names))
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=interceptors)
     register(server)
     health_servicer = health.aio.HealthServicer()
     # health and reflection, like the services, answer a request that does not parse
@@ -92,7 +116,11 @@ async def _serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
     reflected = [*cfg.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
     add_servicer(reflection.aio.ReflectionServicer(reflected),
                  reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"], server)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls_cert or cfg.tls_key:
+        port = server.add_secure_port(address, server_credentials(cfg.tls_cert, cfg.tls_key))
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
     metrics_port = None
@@ -106,20 +134,37 @@ async def _serve(cfg: ServerConfig, register: Callable[[grpc.aio.Server], None],
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if on_ready:
-        on_ready(port, metrics_port)
+    if hooks.before_ready:
+        await hooks.before_ready()
+    if hooks.on_ready:
+        hooks.on_ready(port, metrics_port)
     await stop.wait()
+    if hooks.on_stop:
+        hooks.on_stop()
     log.info("stopping: draining in-flight calls for up to %.0f s", cfg.grace_s)
     for name in ["", *cfg.service_names]:
         await _set(health_servicer, name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(cfg.grace_s)
-    if after_stop:
-        await after_stop()
+    if hooks.after_stop:
+        await hooks.after_stop()
     log.info("stopped")
 
 
-def announce(role: str) -> Callable[[int, int | None], None]:
-    """An ``on_ready`` that prints the ports on one line (``spin serve`` parses it)."""
+def announce(role: str, **more: Callable[[], object]) -> Callable[[int, int | None], None]:
+    """An ``on_ready`` that prints the ports on one line (``spin serve`` parses it); ``more``:
+    further ``name=value`` fields, their values asked for when it prints."""
     def ready(port: int, metrics_port: int | None) -> None:
-        print(f"{role} ready grpc_port={port} metrics_port={metrics_port or 0}", flush=True)
+        extra = "".join(f" {k}={v()}" for k, v in more.items())
+        print(f"{role} ready grpc_port={port} metrics_port={metrics_port or 0}{extra}", flush=True)
     return ready
+
+
+def server_credentials(cert: str | None, key: str | None) -> grpc.ServerCredentials:
+    """TLS credentials from PEM files; ValueError when one is missing or unreadable."""
+    if not (cert and key):
+        raise ValueError("TLS needs both a certificate (--tls-cert) and its key (--tls-key)")
+    try:
+        with open(cert, "rb") as c, open(key, "rb") as k:
+            return grpc.ssl_server_credentials([(k.read(), c.read())])
+    except OSError as e:
+        raise ValueError(f"cannot read the TLS certificate or key: {e}") from None

@@ -8,16 +8,21 @@ with the threads, cores, device, dtype and weights the service serves with, in i
 Points the KV cache cannot hold at once are left out. The measurement takes tens of seconds on
 a CPU and is cached under ``$XDG_CACHE_HOME/spin/step-times/`` (``~/.cache`` without it), keyed
 by everything it depends on (the model's files, device, dtype, weights, threads, cores, torch's
-version, the grid), so a restart loads it.
+version, the grid), so a restart loads it. Services sharing that directory (``spin serve``'s,
+all on one machine) measure one at a time, under a lock file there: measured at once, each
+would time the others' work too (``spin bench policy --quick`` on 2 cores: the verifier's fit
+error 31% so, 8.7% one at a time; the learned policy 237 against 256 tokens/s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -50,8 +55,9 @@ class Grid:
     reps: int = 3
 
 
-MEASURE_VERSION = 2
-"""What the measurement measures (2: tree points beside the chains); part of the cache key."""
+MEASURE_VERSION = 3
+"""What the measurement measures (2: tree points beside the chains; 3: one service at a time);
+part of the cache key."""
 
 
 def cache_dir() -> Path:
@@ -78,7 +84,11 @@ def _cached(key: str, measure, mode: StepTimesMode, cache: Path | None) -> list[
             return json.loads(path.read_text())
         except (OSError, ValueError) as e:
             log.warning("step times in %s unreadable (%s): measuring again", path, e)
-    rows = measure()
+    with _one_at_a_time(path.parent):
+        if mode == "auto" and path.exists():  # measured by another process meanwhile
+            with contextlib.suppress(OSError, ValueError):
+                return json.loads(path.read_text())
+        rows = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -87,6 +97,30 @@ def _cached(key: str, measure, mode: StepTimesMode, cache: Path | None) -> list[
     except OSError as e:  # a read-only home: measured each start, served all the same
         log.warning("cannot cache step times in %s: %s", path, e)
     return rows
+
+
+@contextlib.contextmanager
+def _one_at_a_time(directory: Path) -> Iterator[None]:
+    """Hold the machine's measurement lock (a lock file in ``directory``; none where it cannot
+    be made: then measure anyway)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / ".measure.lock", "a+")
+    except OSError:
+        yield
+        return
+    with lock:
+        try:
+            import fcntl
+
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("waiting for another service on this machine to finish measuring")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # no fcntl (not POSIX): measure anyway
+            pass
+        yield  # closing the file releases the lock
 
 
 def verifier_times(runner: ModelRunner, model_path: str, mode: StepTimesMode = "auto",

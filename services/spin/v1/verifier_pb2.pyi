@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate")
+    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class VerifyTask(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -25,7 +26,8 @@ class VerifyTask(_message.Message):
     sampling: _sampling_pb2.SamplingParams
     traceparent: str
     tracestate: str
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    logprobs: int
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")
@@ -38,18 +40,20 @@ class VerifyRequest(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[VerifyTask, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted")
+    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
     resync: bool
     preempted: bool
-    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.TokenLogprobs]
+    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_sampling_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("batch_id", "results", "verify_seconds", "free_blocks", "num_blocks")

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import grpc
 
+from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.model_runner import RunnerConfig, describe
 from ..engine.verifier import Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
 from ..policy.cost_model import CostModel, VerifySample
 from ..rpc.batches import in_order
-from ..rpc.convert import sampling_from_proto, tree_from_proto
+from ..rpc.convert import logprobs_to_proto, sampling_from_proto, tree_from_proto
 from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
@@ -139,8 +140,14 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                                     f"{task.request_id}: context of "
                                     f"{task.keep + len(task.context_delta)} tokens is full "
                                     f"(--max-model-len {runner.max_len})")
+            logprobs = task.logprobs if task.HasField("logprobs") else None
+            if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+                raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{task.request_id}: logprobs must be in [0, {MAX_LOGPROBS}],"
+                                    f" got {logprobs}")
             work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
-                                                         tree, sampling, keep=task.keep)))
+                                                         tree, sampling, keep=task.keep,
+                                                         logprobs=logprobs)))
         split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
         verdicts = self.verifier.verify([r for _, r in work], split)
         if split.sizes:
@@ -153,6 +160,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                 continue
             results[i].tokens.extend(verdict.tokens)
             results[i].num_accepted = verdict.num_accepted
+            logprobs_to_proto(verdict.logprobs or (), results[i].logprobs)
         seconds = time.perf_counter() - start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
                                       runner.cache.usage, len(self.verifier.seqs))

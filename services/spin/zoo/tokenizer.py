@@ -19,6 +19,14 @@ from .corpus import read_documents
 from .specs import DOMAINS, FamilySpec
 
 EOS = "<|endoftext|>"
+DEMO_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor -%}\n"
+    "{%- if add_generation_prompt -%}assistant: {% endif -%}\n"
+)
+"""The demo tokenizer's chat template (the router's OpenAI API renders chat requests with it):
+one ``role: content`` line per message, then ``assistant: ``."""
 _SAMPLE_CHARS_PER_DOMAIN = 3_000_000
 
 
@@ -45,6 +53,7 @@ def train_tokenizer(family: FamilySpec, corpus_dir: Path, out_dir: Path) -> PreT
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS,
                                    pad_token=EOS, clean_up_tokenization_spaces=False,
                                    model_max_length=family.max_position_embeddings)
+    fast.chat_template = DEMO_CHAT_TEMPLATE
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
     return fast

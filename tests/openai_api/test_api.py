@@ -260,7 +260,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Serv
          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,"
          "content_type_conformance", "--max-examples", "15", "--phases", "examples,fuzzing",
          "--request-timeout", "120", "--report", "junit", "--report-junit-path", str(report),
-         "--seed", "1"], capture_output=True, text=True, timeout=900)
+         "--seed", "1"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     print(run.stdout[-2500:])
     # the failures (request bodies of fuzzed JSON can be long: their lines are cut)
     failures = "\n".join(line[:400] for line in run.stdout.splitlines())

@@ -88,9 +88,12 @@ def run_api_bench(cfg: ApiBenchConfig) -> dict:
             grpc.insecure_channel(emb.endpoint) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         port = emb.router.http_port
-        with http.client.HTTPConnection("127.0.0.1", port, timeout=30) as conn:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
             conn.request("GET", "/v1/models")
             model = json.loads(conn.getresponse().read())["data"][0]["id"]
+        finally:
+            conn.close()
         _grpc(stub, prompts[0], 8)  # warm-up: both paths once
         _http(port, model, prompts[0], 8)
         with tqdm(total=cfg.rounds * len(prompts) * 2, desc="gRPC vs HTTP", unit="req") as bar:

@@ -293,3 +293,24 @@ def test_tls_on_grpc_and_http(tls) -> None:
                                                                 max_tokens=12)
     with pytest.raises(grpc.RpcError):  # plaintext to a TLS port fails
         _grpc_ids(s.grpc, prompt=PROMPT, max_tokens=2)
+
+
+def test_sigterm_lets_a_running_stream_finish_and_stops_promptly(client: openai.OpenAI,
+                                                                 model: str,
+                                                                 served: Served) -> None:
+    """Last: it stops the module's deployment. A stream running at SIGTERM gets all its tokens;
+    the idle keep-alive connection the client holds does not delay the stop."""
+    import time
+
+    tokens, stopped_at = 0, None
+    for chunk in client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=120, temperature=0, stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True}):
+        if chunk.choices:
+            tokens += len(chunk.choices[0].model_extra["token_ids"])
+        if stopped_at is None:
+            stopped_at = time.monotonic()
+            served.proc.send_signal(signal.SIGTERM)
+    assert tokens == 120
+    assert served.proc.wait(60) == 0
+    assert time.monotonic() - stopped_at < 20

@@ -68,8 +68,15 @@ class HttpServer:
         self.server.should_exit = True
 
     async def stopped(self) -> None:
-        """Wait for ``begin_stop`` to take effect."""
-        if self.task is not None:
-            self.begin_stop()
-            with contextlib.suppress(Exception):
-                await self.task
+        """Wait for ``begin_stop`` to take effect: for the running responses, not for idle
+        keep-alive connections (a TLS one would hold the stop for asyncio's 30 s TLS shutdown
+        timeout)."""
+        if self.task is None:
+            return
+        self.begin_stop()
+        while not self.task.done():
+            if not self.server.server_state.tasks:  # no response running: idle connections only
+                self.server.force_exit = True
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(Exception):
+            await self.task

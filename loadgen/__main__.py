@@ -20,7 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spin.zoo.specs import FAMILY_DIR
+
 from .client import ClientConfig, EndpointUnreachable, lossless_mismatches, run
+from .datasets import chat_renderer, read_prompts
 from .report import build_report, format_report, parse_slo
 from .workload import build_workload
 
@@ -47,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculation", default="auto", help="auto, off, or a drafter name")
     p.add_argument("--k", type=int, default=0, help="k with a named drafter (0 = the router's)")
     p.add_argument("--domains", default=None, help="comma-separated, e.g. code,prose,structured")
+    p.add_argument("--dataset", type=Path, metavar="PATH",
+                   help="prompts of your own: JSONL with 'prompt' or 'messages', ShareGPT JSON, "
+                   "or plain text (one prompt a line); default: the demo's held-out prompts")
+    p.add_argument("--tokenizer", default=str(FAMILY_DIR / "target"),
+                   help="the tokenizer whose chat template renders --dataset chats (default: "
+                   "the demo target's)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at end-of-sequence (default: always generate --max-tokens)")
     p.add_argument("--slo", default=None, help="goodput bounds in ms, e.g. ttft:200,tpot:50")
@@ -95,6 +104,12 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _has_chats(path: Path) -> bool:
+    """Whether a JSONL dataset has chat lines (only then is a tokenizer loaded)."""
+    return path.suffix == ".jsonl" and '"messages"' in path.read_text(encoding="utf-8",
+                                                                        errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (argument errors exit 2 through argparse)."""
     p = _parser()
@@ -102,8 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     slo = _validate(p, a)
     domains = tuple(d.strip() for d in a.domains.split(",") if d.strip()) if a.domains else None
     try:
-        reqs = build_workload(a.num_prompts, a.rate, a.burstiness, a.seed, domains=domains)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+        rows = None
+        if a.dataset is not None:
+            if domains:
+                p.error("--domains picks the demo prompts; with --dataset, filter the file")
+            rows = read_prompts(a.dataset, chat_renderer(a.tokenizer) if _has_chats(a.dataset)
+                                else None)
+        reqs = build_workload(a.num_prompts, a.rate, a.burstiness, a.seed, domains=domains,
+                              rows=rows)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         p.error(str(e))
     if a.jsonl:
         for r in reqs:

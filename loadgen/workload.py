@@ -48,9 +48,13 @@ def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[flo
 
 def build_workload(num_prompts: int, rate: float = math.inf, burstiness: float = 1.0,
                    seed: int = 0, family_dir: Path = FAMILY_DIR,
-                   domains: tuple[str, ...] | None = None) -> list[Request]:
-    """A seeded mixed workload: prompts shuffled across domains, cycled if more are asked for."""
-    rows = heldout_prompts(family_dir, domains)
+                   domains: tuple[str, ...] | None = None,
+                   rows: list[dict[str, str]] | None = None) -> list[Request]:
+    """A seeded mixed workload: prompts shuffled across domains, cycled if more are asked for.
+    ``rows`` (``{"domain", "prompt"}``, e.g. ``datasets.read_prompts``) instead of the family's
+    held-out prompts."""
+    if rows is None:
+        rows = heldout_prompts(family_dir, domains)
     rng = random.Random(seed)
     order = list(range(len(rows)))
     rng.shuffle(order)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,8 @@ EVERY = RouterConfig(
     scheduler=SchedulerConfig(max_batch=8, max_queue=9, draft_timeout_s=0.25, micro_batches=2,
                               prompt_lookup=False, verifier_outage_s=12.5),
     stats_spill="/var/lib/spin/stats pending.json", http_port=0,
-    chat_template="/templates/chat.jinja", served_model_name="my-model")
+    chat_template=str(Path(__file__).resolve().parents[2] / "models/demo/target/chat_template.jinja"),
+    served_model_name="my-model")
 CONFIGS = {
     "defaults": DEFAULTS,
     "every field": EVERY,
@@ -104,3 +106,13 @@ def test_the_redis_password_is_filled_in(monkeypatch: pytest.MonkeyPatch) -> Non
     cfg = parse(["--tokenizer", "t", "--verifier", "h:1", "--redis-url", "redis://r:6379/0"])
     assert cfg.redis_url == "redis://:p%40ss@r:6379/0"
     assert parse(router_argv(cfg)) == cfg  # a URL with a password keeps it
+
+
+def test_a_missing_chat_template_is_refused_at_once(tmp_path) -> None:
+    with pytest.raises(ValueError, match="--chat-template .*: no such file"):
+        parse(["--verifier", "127.0.0.1:9", "--tokenizer", "t", "--chat-template",
+               str(tmp_path / "nope.jinja")])
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages }}")
+    assert parse(["--verifier", "127.0.0.1:9", "--tokenizer", "t", "--chat-template",
+                  str(template)]).chat_template == str(template)

@@ -99,6 +99,10 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
+    for flag, path in (("--chat-template", args.chat_template), ("--tls-cert", args.tls_cert),
+                       ("--tls-key", args.tls_key)):
+        if path and not Path(path).is_file():
+            raise ValueError(f"{flag} {path}: no such file")
     return ServeConfig(family_dir=args.family_dir, host=args.host, port=args.port,
                        metrics_port=args.metrics_port,
                        drafters=args.drafters.split(",") if args.drafters else None,

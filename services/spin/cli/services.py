@@ -190,6 +190,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         overrides = policy_overrides(args.policy_config)
     except ValueError as e:
         raise ValueError(f"--policy-config: {e}") from None
+    if args.chat_template and not Path(args.chat_template).is_file():
+        raise ValueError(f"--chat-template {args.chat_template}: no such file")
     return RouterConfig(args.verifier, str(args.tokenizer), drafters, default, args.default_k,
                         _redis_url(args.redis_url), args.policy, args.cost_model, kubernetes=kube,
                         policy_config=overrides, stats_spill=args.stats_spill,

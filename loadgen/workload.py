@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from spin.zoo.corpus import heldout_prompts
+from spin.zoo.corpus import PromptSplit, heldout_prompts
 from spin.zoo.specs import FAMILY_DIR
 
 
@@ -49,12 +49,13 @@ def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[flo
 def build_workload(num_prompts: int, rate: float = math.inf, burstiness: float = 1.0,
                    seed: int = 0, family_dir: Path = FAMILY_DIR,
                    domains: tuple[str, ...] | None = None,
-                   rows: list[dict[str, str]] | None = None) -> list[Request]:
+                   rows: list[dict[str, str]] | None = None,
+                   split: PromptSplit | None = None) -> list[Request]:
     """A seeded mixed workload: prompts shuffled across domains, cycled if more are asked for.
     ``rows`` (``{"domain", "prompt"}``, e.g. ``datasets.read_prompts``) instead of the family's
-    held-out prompts."""
+    held-out prompts; ``split``: only that half of them (``spin.zoo.corpus.prompt_split``)."""
     if rows is None:
-        rows = heldout_prompts(family_dir, domains)
+        rows = heldout_prompts(family_dir, domains, split)
     rng = random.Random(seed)
     order = list(range(len(rows)))
     rng.shuffle(order)

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from spin.zoo.corpus import is_heldout, sample_excerpts
+from spin.zoo.corpus import heldout_prompts, is_heldout, prompt_split, sample_excerpts
+from spin.zoo.specs import FAMILY_DIR
 
 
 def test_split_is_stable_and_about_the_requested_share() -> None:
@@ -32,3 +33,15 @@ def test_excerpts_need_long_enough_documents(tmp_path: Path) -> None:
     path.write_text(json.dumps({"id": "a", "text": "too short"}) + "\n")
     with pytest.raises(ValueError, match="long enough"):
         sample_excerpts(path, 1, 100, 100, seed=0)
+
+
+def test_prompt_splits_are_disjoint_by_document_and_cover_every_domain() -> None:
+    tuning = heldout_prompts(FAMILY_DIR, split="tuning")
+    evaluation = heldout_prompts(FAMILY_DIR, split="evaluation")
+    assert len(tuning) + len(evaluation) == len(heldout_prompts(FAMILY_DIR))
+    docs = [{r["id"].rsplit("@", 1)[0] for r in rows} for rows in (tuning, evaluation)]
+    assert not docs[0] & docs[1]
+    for rows in (tuning, evaluation):
+        assert {r["domain"] for r in rows} == {"code", "prose", "structured"}
+    # two excerpts of one document share a split whatever their offsets
+    assert prompt_split("code/os.py@10") == prompt_split("code/os.py@90000")

@@ -23,6 +23,7 @@ import random
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
@@ -39,6 +40,11 @@ _INFO_ROOT = Path("/usr/share/info")
 _MAN_SKIP_PREFIXES = ("gcloud", "bq", "gsutil")
 _MAX_DOC_CHARS = 200_000
 STRUCTURED_DOCS = 6000
+
+PromptSplit = Literal["tuning", "evaluation"]
+"""Halves of the held-out prompts, disjoint by document (``prompt_split``): tuning tools (``spin
+bench ab``, ``spin bench fit``, choosing a benchmark's best configuration) use ``tuning``;
+benchmarks time ``evaluation``."""
 
 
 def is_heldout(doc_id: str, percent: int) -> bool:
@@ -143,12 +149,23 @@ def sample_excerpts(path: Path, count: int, prompt_chars: int, reference_chars: 
     return out
 
 
-def heldout_prompts(family_dir: Path, domains: tuple[str, ...] | None = None) -> list[dict[str, str]]:
-    """The family's held-out prompt rows ``{"domain", "id", "prompt", "reference"}``."""
+def prompt_split(prompt_id: str) -> PromptSplit:
+    """The split of a held-out prompt ``"{document id}@{offset}"``: by a hash of its document, so
+    two excerpts of one document never land on both sides."""
+    doc_id = prompt_id.rsplit("@", 1)[0]
+    return "evaluation" if int(hashlib.sha1(f"split:{doc_id}".encode()).hexdigest()[:8],
+                                16) % 2 else "tuning"
+
+
+def heldout_prompts(family_dir: Path, domains: tuple[str, ...] | None = None,
+                    split: PromptSplit | None = None) -> list[dict[str, str]]:
+    """The family's held-out prompt rows ``{"domain", "id", "prompt", "reference"}``; with
+    ``split``, only that half (``prompt_split``)."""
     path = family_dir / HELDOUT_PROMPTS
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `spin zoo train --stages prompts`")
-    rows = [r for r in read_documents(path) if domains is None or r["domain"] in domains]
+    rows = [r for r in read_documents(path) if (domains is None or r["domain"] in domains)
+            and (split is None or prompt_split(r["id"]) == split)]
     if not rows:
-        raise ValueError(f"{path} has no prompts for domains {domains}")
+        raise ValueError(f"{path} has no {split or 'held-out'} prompts for domains {domains}")
     return rows

@@ -55,27 +55,36 @@ class ClientConfig:
     """The router's API key (None: none)."""
     tls_ca: str | None = None
     """Connect over TLS, trusting this CA file ('' = the system's roots); None: plaintext."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    early_stop: bool = False
+    """With a named drafter and k: its chain stops early as the policy's do
+    (``Speculation.early_stop``)."""
 
 
-def speculation_message(spec: str, k: int = 0) -> generation_pb2.Speculation:
+def speculation_message(spec: str, k: int = 0,
+                        early_stop: bool = False) -> generation_pb2.Speculation:
     """``auto`` / ``off`` / drafter name (with its k) -> a ``Speculation`` message."""
     if spec == "auto":
         return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_AUTO)
     if spec == "off":
         return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_OFF)
     return generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_DRAFTER, drafter=spec,
-                                      k=k)
+                                      k=k, early_stop=early_stop)
 
 
 def make_request(cfg: ClientConfig, req: Request, suffix: str = "") -> generation_pb2.GenerateRequest:
     """The ``GenerateRequest`` of one workload request."""
     sampling = sampling_pb2.SamplingParams(temperature=cfg.temperature)
+    if cfg.top_p != 1.0:
+        sampling.top_p = cfg.top_p
     if cfg.temperature > 0:
         sampling.seed = cfg.seed + req.index
     return generation_pb2.GenerateRequest(
         request_id=f"loadgen-{cfg.seed}-{req.index}{suffix}", prompt=req.prompt,
         max_tokens=cfg.max_tokens, sampling=sampling,
-        speculation=speculation_message(cfg.speculation, cfg.k), ignore_eos=cfg.ignore_eos)
+        speculation=speculation_message(cfg.speculation, cfg.k, cfg.early_stop),
+        ignore_eos=cfg.ignore_eos)
 
 
 def _spec_counts(s: generation_pb2.SpeculationStats) -> SpecCounts:

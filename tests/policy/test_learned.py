@@ -39,8 +39,8 @@ def test_modes_off_and_named_drafter_are_respected() -> None:
 
 
 def test_only_auto_chains_of_model_drafters_may_stop_early() -> None:
-    """A model drafter's chain in mode auto carries ``stop_below``; a named drafter's fixed k and
-    prompt lookup (no probabilities) do not."""
+    """A model drafter's chain in mode auto carries ``stop_below``, and a named drafter's fixed
+    k only when the client asks (``early_stop``); prompt lookup (no probabilities) never."""
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
            PROMPT_LOOKUP: _stats(100, 10)}
     policy = LearnedPolicy(learned_config({"stop_below": 0.25, "score_after": 0}), _cost(),
@@ -52,6 +52,11 @@ def test_only_auto_chains_of_model_drafters_may_stop_early() -> None:
         assert (auto.drafter, auto.stop_below) == ("draft-code", 0.25) and auto.k > 0
         assert (named.k, named.stop_below) == (3, 0.0)
         assert (lookup.drafter, lookup.stop_below) == (PROMPT_LOOKUP, 0.0)
+        stopping, lookup = policy.choose(
+            [replace(_view("d", "drafter", "draft-prose", 16), early_stop=True),
+             replace(_view("e", "drafter", PROMPT_LOOKUP, 16), early_stop=True)], DRAFTERS)
+        assert (stopping.drafter, stopping.k, stopping.stop_below) == ("draft-prose", 16, 0.25)
+        assert (lookup.k, lookup.stop_below) == (16, 0.0)
     finally:
         policy.close()
 

@@ -119,7 +119,7 @@ def _generate_request(request_id: str, prompt: str | list[int], max_tokens: int,
         request_id=request_id, max_tokens=max_tokens, sampling=sampling, stop=stop,
         ignore_eos=body.ignore_eos,
         speculation=generation_pb2.Speculation(mode=MODES[spec.mode], drafter=spec.drafter,
-                                               k=spec.k))
+                                               k=spec.k, early_stop=spec.early_stop))
     if isinstance(prompt, str):
         msg.prompt = prompt
     else:

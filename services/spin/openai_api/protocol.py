@@ -35,6 +35,9 @@ class SpeculationOptions(BaseModel):
     """The drafter of mode drafter (``GET /v1/models`` lists them under ``spin.drafters``)."""
     k: int = Field(0, ge=0, le=16)
     """Draft tokens per step in mode drafter (0: the policy's choice)."""
+    early_stop: bool = False
+    """With ``k``: a model drafter's chain stops early where the policy's do, so ``k`` is the
+    longest chain (as with the policy's k)."""
 
 
 class StreamOptions(BaseModel):

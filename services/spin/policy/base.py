@@ -88,6 +88,9 @@ class RequestView:
     """The client's drafter for mode 'drafter'."""
     k: int = 0
     """The client's k for mode 'drafter' (0 = the policy's)."""
+    early_stop: bool = False
+    """The client's k is the longest chain: a model drafter's chain stops early as the policy's
+    do (``StepChoice.stop_below``)."""
     lookup_match: bool = True
     """Prompt lookup finds a match in the request's context now, so it would draft this step
     (the router looks before it asks)."""

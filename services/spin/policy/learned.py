@@ -174,8 +174,8 @@ class LearnedPolicy:
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True
-            stop = (self.cfg.stop_below if chosen_k and d != PROMPT_LOOKUP and not shape
-                    else 0.0)
+            stop = (self.cfg.stop_below if (chosen_k or r.early_stop) and d != PROMPT_LOOKUP
+                    and not shape else 0.0)
             out.append(StepChoice(d, k, shape, score=score, stop_below=stop)
                        if d is not None and k > 0 else StepChoice(None, score=score))
         return StepPlan(out, self._prediction(requests, states, out, batch, policy_k, prefill))

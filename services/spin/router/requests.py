@@ -43,6 +43,8 @@ class RouterRequest:
     """Client-chosen drafter (mode 'drafter')."""
     k: int = 0
     """Client-chosen k (mode 'drafter'; 0 = policy's)."""
+    early_stop: bool = False
+    """A client-chosen k's chain stops early as the policy's do (``Speculation.early_stop``)."""
     logprobs: int | None = None
     """Return the target's log-probabilities of the generated tokens and this many alternatives
     each (None: none)."""

@@ -217,7 +217,7 @@ class Scheduler:
         lookup = self.cfg.prompt_lookup and r.lookup_index().has_match()
         return RequestView(r.request_id, r.context_len, len(r.generated),
                            r.max_tokens - len(r.generated), r.sampling.greedy, r.mode, r.drafter,
-                           r.k, lookup_match=lookup,
+                           r.k, r.early_stop, lookup_match=lookup,
                            lookup_branches=1 + bool(lookup and r.lookup_index().alternative(1)))
 
     def _account_step(self, batch_size: int, reply: VerifyReply, draft_s: dict[str, float],

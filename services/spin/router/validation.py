@@ -145,4 +145,5 @@ def request_from_proto(req: generation_pb2.GenerateRequest, tokenize: Tokenize, 
         raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}")
     return RouterRequest(req.request_id or uuid.uuid4().hex, ids, req.max_tokens, sampling,
                          tuple(req.stop), req.ignore_eos, mode,
-                         spec.drafter if mode == "drafter" else None, spec.k, logprobs=logprobs)
+                         spec.drafter if mode == "drafter" else None, spec.k,
+                         early_stop=spec.early_stop, logprobs=logprobs)

@@ -29,14 +29,16 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
 
 class Speculation(_message.Message):
-    __slots__ = ("mode", "drafter", "k")
+    __slots__ = ("mode", "drafter", "k", "early_stop")
     MODE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
+    EARLY_STOP_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     drafter: str
     k: int
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
+    early_stop: bool
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., early_stop: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "prompt_token_ids", "max_tokens", "sampling", "stop", "speculation", "ignore_eos", "logprobs")

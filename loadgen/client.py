@@ -1,28 +1,30 @@
-"""Async gRPC client of the router: sends a workload on its arrival schedule and times every stream.
+"""Async gRPC client of the router: every request one ``Generation.Generate`` server stream.
 
-Each request is one ``Generation.Generate`` server stream. Requests start at their arrival time
-(seconds after the run starts), wait for a slot when ``max_concurrency`` is set, and are timed from
-the moment the call is made (after the slot is taken, as in ``vllm bench serve``). A gRPC error of
-any status fails only that request; the run goes on.
+The schedule (arrival times, concurrency limit, the lossless reference run) is ``schedule.py``'s,
+shared with the OpenAI-compatible HTTP backend (``openai_client.py``). A gRPC error of any status
+fails only that request; the run goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import sys
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
-from tqdm import tqdm
 
 from spin.rpc import credentials
 from spin.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 from .report import DrafterCounts, RequestResult, SpecCounts
+from .schedule import RunOutcome, lossless_mismatches, run_with, send_all
 from .workload import Request
+
+__all__ = ["ClientConfig", "EndpointUnreachable", "GrpcBackend", "RunOutcome", "connect",
+           "lossless_mismatches", "make_request", "run", "run_workload", "send_one",
+           "speculation_message"]
 
 
 class EndpointUnreachable(Exception):
@@ -131,66 +133,41 @@ async def wait_ready(channel: grpc.aio.Channel, endpoint: str, timeout_s: float)
     """Wait until the channel connects, or raise ``EndpointUnreachable``."""
     try:
         await asyncio.wait_for(channel.channel_ready(), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise EndpointUnreachable(endpoint) from None
+
+
+class GrpcBackend:
+    """Requests as ``Generation.Generate`` streams of one channel (``schedule.Backend``)."""
+
+    def __init__(self, stub: generation_pb2_grpc.GenerationStub, api_key: str | None) -> None:
+        self.stub = stub
+        self.metadata = credentials.metadata(api_key)
+
+    async def send(self, req: Request, cfg: ClientConfig, suffix: str) -> RequestResult:
+        return await send_one(self.stub, req.index, make_request(cfg, req, suffix), cfg.timeout_s,
+                              self.metadata)
+
+    def finish(self, results: list[RequestResult], requests: Sequence[Request]) -> None:
+        """Nothing to do: the stream carried the token ids and the usage."""
 
 
 async def run_workload(stub: generation_pb2_grpc.GenerationStub, requests: Sequence[Request],
                        cfg: ClientConfig, desc: str, suffix: str = "",
                        use_arrivals: bool = True,
                        progress: bool = True) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` (on their arrival times unless ``use_arrivals`` is False; a progress bar
-    on stderr unless ``progress`` is False).
-
-    Returns the results in workload order and the run's wall time in seconds.
-    """
-    sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    bar = tqdm(total=len(requests), desc=desc, unit="req", file=sys.stderr, disable=not progress)
-    t0 = time.perf_counter()
-
-    async def one(req: Request) -> RequestResult:
-        if use_arrivals:
-            delay = t0 + req.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        greq = make_request(cfg, req, suffix)
-        auth = credentials.metadata(cfg.api_key)
-        if sem is None:
-            res = await send_one(stub, req.index, greq, cfg.timeout_s, auth)
-        else:
-            async with sem:
-                res = await send_one(stub, req.index, greq, cfg.timeout_s, auth)
-        bar.update(1)
-        return res
-
-    try:
-        results = await asyncio.gather(*(one(r) for r in requests))
-    finally:
-        bar.close()
-    return list(results), time.perf_counter() - t0
+    """``schedule.send_all`` through ``stub``: the results in workload order and the wall time."""
+    return await send_all(GrpcBackend(stub, cfg.api_key), requests, cfg, desc, suffix,
+                          use_arrivals, progress)
 
 
-@dataclass
-class RunOutcome:
-    """Results of a run and, with the lossless check, of its reference run."""
-
-    results: list[RequestResult]
-    """Main run, in workload order."""
-    duration_s: float
-    """Wall time of the main run."""
-    reference: list[RequestResult] | None = None
-    """Reference run without speculation (temperature 0), when checked."""
-
-
-def lossless_mismatches(results: Sequence[RequestResult],
-                        reference: Sequence[RequestResult]) -> tuple[int, int]:
-    """(requests whose tokens differ from the reference, reference requests that failed).
-
-    Only requests that succeeded in both runs are compared.
-    """
-    mismatches = sum(1 for a, b in zip(results, reference, strict=True)
-                     if a.ok and b.ok and a.token_ids != b.token_ids)
-    return mismatches, sum(1 for b in reference if not b.ok)
+@contextlib.asynccontextmanager
+async def connect(cfg: ClientConfig, connect_timeout_s: float = 10.0) -> AsyncIterator[GrpcBackend]:
+    """A backend on a channel to ``cfg.endpoint`` once it is ready (else
+    ``EndpointUnreachable``)."""
+    async with credentials.aio_channel(cfg.endpoint, cfg.tls_ca) as channel:
+        await wait_ready(channel, cfg.endpoint, connect_timeout_s)
+        yield GrpcBackend(generation_pb2_grpc.GenerationStub(channel), cfg.api_key)
 
 
 async def run(cfg: ClientConfig, requests: Sequence[Request], check_lossless: bool = False,
@@ -200,13 +177,5 @@ async def run(cfg: ClientConfig, requests: Sequence[Request], check_lossless: bo
     The reference run sends every prompt at once (no arrival schedule) under the same concurrency
     limit; its request ids end in ``-ref``.
     """
-    async with credentials.aio_channel(cfg.endpoint, cfg.tls_ca) as channel:
-        await wait_ready(channel, cfg.endpoint, connect_timeout_s)
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        results, duration = await run_workload(stub, requests, cfg, "requests")
-        reference = None
-        if check_lossless:
-            ref_cfg = dataclasses.replace(cfg, temperature=0.0, speculation="off")
-            reference, _ = await run_workload(stub, requests, ref_cfg, "lossless check",
-                                              suffix="-ref", use_arrivals=False)
-        return RunOutcome(results, duration, reference)
+    async with connect(cfg, connect_timeout_s) as backend:
+        return await run_with(backend, cfg, requests, check_lossless)

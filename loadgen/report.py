@@ -59,11 +59,15 @@ class RequestResult:
     index: int
     """Position in the workload."""
     ok: bool = False
-    """The stream finished with a finish reason and no gRPC error."""
+    """The stream finished with a finish reason and no error."""
     error_code: str | None = None
-    """gRPC status code name (or ``INCOMPLETE_STREAM``) when not ok."""
+    """When not ok: the gRPC status code name; over HTTP ``HTTP_<status>``, ``CONNECTION_ERROR``,
+    ``TIMEOUT``, ``STREAM_ERROR`` (an error event mid-stream) or ``BAD_EVENT``; with either
+    ``INCOMPLETE_STREAM`` (no finish reason)."""
     error_message: str | None = None
     """Error details when not ok."""
+    start_s: float | None = None
+    """When the request was sent, seconds after its run started."""
     ttft_s: float | None = None
     """Send -> first token-carrying message (None if no token arrived)."""
     itls_s: list[float] = field(default_factory=list)
@@ -71,9 +75,12 @@ class RequestResult:
     e2e_s: float | None = None
     """Send -> last message."""
     token_ids: list[int] = field(default_factory=list)
-    """Output token ids, in order."""
+    """Output token ids, in order (over HTTP from a server that returns none: the streamed text
+    tokenized after the run)."""
+    text: str = ""
+    """Output text (HTTP only: the gRPC client does not keep it)."""
     prompt_tokens: int = 0
-    """``usage.prompt_tokens`` of the last message."""
+    """``usage.prompt_tokens`` of the last message (HTTP without usage: the prompt tokenized)."""
     speculation: SpecCounts = field(default_factory=SpecCounts)
     """Speculation stats of the last message."""
 

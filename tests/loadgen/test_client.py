@@ -228,3 +228,22 @@ def test_workload_printing_needs_no_network(capsys: pytest.CaptureFixture[str]) 
     assert [r["index"] for r in rows] == [0, 1, 2]
     assert main(["--num-prompts", "9", "--rate", "3", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("9 requests over")
+
+
+def test_run_workload_on_a_stub_keeps_its_arrival_times(router: tuple[str, FakeRouter]) -> None:
+    """``run_workload(stub, ...)``, as ``spin bench policy`` calls it."""
+    from loadgen.client import run_workload
+
+    endpoint, _ = router
+    workload = build_workload(5, rate=50.0, seed=4)
+
+    async def go():
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            return await run_workload(generation_pb2_grpc.GenerationStub(channel), workload,
+                                      ClientConfig(endpoint, 4), "x", progress=False)
+
+    results, wall = asyncio.run(go())
+    assert [r.token_ids for r in results] == [fake_tokens(r.prompt, 4, False) for r in workload]
+    for req, res in zip(workload, results, strict=True):
+        assert req.arrival_s <= res.start_s < req.arrival_s + 0.5
+        assert res.start_s + res.e2e_s <= wall

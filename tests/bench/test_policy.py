@@ -1,5 +1,5 @@
-"""The policy benchmark's accounting: the oracle and the best fixed configuration, chosen on some
-passes and timed on another; the pipeline section on a small batch."""
+"""The policy benchmark's accounting: the per-request best and the best fixed configuration,
+chosen on some passes and timed on another; the grid; the pipeline section on a small batch."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 
 from spin.bench.pipeline import pipeline, shared_cores
-from spin.bench.policy import PolicyBenchConfig, _best_fixed, _held_out, _medians, _oracle
+from loadgen.workload import build_workload
+from spin.bench.policy_config import GREEDY, SAMPLED, PolicyBenchConfig
+from spin.bench.policy_goodput import (best_fixed, goodput, grid, held_out, medians,
+                                       model_and_lookup_drafters, per_request_best)
+from spin.bench.policy_sweep import load_sweep
+from spin.engine.prompt_lookup import PROMPT_LOOKUP
+from spin.policy.goodput import ControllerConfig
 from spin.router.config import RouterConfig
 from spin.serve import Embedded, ServeConfig
+from spin.zoo.corpus import heldout_prompts, prompt_split
+from spin.zoo.specs import FAMILY_DIR
 
 # seconds[config][pass][request]: "a" is truly faster on request 0 and "b" on request 1, but in
 # pass 1 "b" got lucky on request 0 (a minimum over noise)
@@ -20,19 +28,29 @@ E2E = {"off": [[2.0, 2.0], [2.0, 2.0]],
        "b": [[1.2, 1.0], [0.6, 1.0]]}
 
 
-def test_the_in_sample_oracle_keeps_the_lucky_run() -> None:
-    med = {c: _medians(runs) for c, runs in E2E.items()}
+def test_the_in_sampleper_request_best_keeps_the_lucky_run() -> None:
+    med = {c: medians(runs) for c, runs in E2E.items()}
     assert med["b"] == [pytest.approx(0.9), 1.0]
-    assert _oracle(med) == ["b", "b"]  # b's lucky pass makes it request 0's best
-    assert _best_fixed(med) == ["b", "b"]
+    assert per_request_best(med) == ["b", "b"]  # b's lucky pass makes it request 0's best
+    assert best_fixed(med) == ["b", "b"]
 
 
-def test_held_out_times_each_pass_with_the_choice_of_the_others() -> None:
+def testheld_out_times_each_pass_with_the_choice_of_the_others() -> None:
     # pass 0 is timed with pass 1's choice (b: 1.2 s), pass 1 with pass 0's (a: 1.0 s)
-    assert _held_out(E2E, _oracle) == [pytest.approx(1.1), 1.0]
-    assert _held_out(E2E, _best_fixed) == [pytest.approx(0.9), 1.0]  # b on both: no choice differs
+    assert held_out(E2E, per_request_best) == [pytest.approx(1.1), 1.0]
+    assert held_out(E2E, best_fixed) == [pytest.approx(0.9), 1.0]  # b on both: no choice differs
     one = {c: runs[:1] for c, runs in E2E.items()}  # one pass: chosen and timed on it
-    assert _held_out(one, _oracle) == [1.0, 1.0]
+    assert held_out(one, per_request_best) == [1.0, 1.0]
+
+
+def test_the_grid_covers_every_k_the_learned_policy_may_use() -> None:
+    k_max = ControllerConfig().k_max
+    assert PolicyBenchConfig().ks == tuple(range(1, k_max + 1))
+    quick = PolicyBenchConfig(quick=True).ks
+    assert quick[0] == 1 and quick[-1] == k_max
+    names = [name for name, _, _ in grid(["d1", "prompt-lookup"], (1, 16))]
+    assert names == ["off", "d1:k1", "d1:k16", "prompt-lookup:k1", "prompt-lookup:k16",
+                     "learned"]
 
 
 class SmallBatch(PolicyBenchConfig):
@@ -60,3 +78,42 @@ def test_pipeline_section_on_a_small_batch(tmp_path: Path, family_dir: Path) -> 
     assert one["lane_steps"] >= one["steps"] and on["lane_steps"] > on["steps"]  # two lanes
     assert report["max_draft_verify_s"] == max(report["draft_s"], report["verify_s"]) > 0
     assert set(report["tokens_per_s_shared_cores"]) == {"one", "two"}
+
+
+class Tiny(PolicyBenchConfig):
+    requests = 2
+    rounds = 2
+    ks = (2,)
+    load_fractions = (2.0,)
+    sweep_requests = 4
+
+
+def test_goodput_and_sweep_sections_on_the_shared_deployment(serving: Embedded) -> None:
+    """Every configuration of the grid runs on evaluation prompts; greedy outputs all equal off's;
+    the ratios are the report's own numbers; the sweep goes to twice the measured capacity."""
+    cfg = Tiny(new_tokens=8)
+    workload = build_workload(cfg.requests, seed=0, split="evaluation")
+    assert all(prompt_split(_id(w.prompt)) == "evaluation" for w in workload)
+    drafters = model_and_lookup_drafters(serving)
+    assert PROMPT_LOOKUP in drafters and len(drafters) >= 2
+    report, mismatches, reference = goodput(serving, workload, drafters, cfg, GREEDY, None)
+    assert mismatches == 0 and len(reference) == 2 and all(len(t) == 8 for t in reference)
+    assert set(report["by_config"]) == {"off"} | {f"{d}:k2" for d in drafters}
+    assert report["learned_over_best_fixed"] == pytest.approx(
+        report["learned"] / report["best_fixed"])
+    assert report["best_fixed_config"] != "off"
+    assert {r["per_request_best_fixed_config"] for r in report["per_request"]} <= set(
+        report["by_config"])
+    sampled, wrong, _ = goodput(serving, workload, drafters, cfg, SAMPLED, None)
+    assert wrong == 0 and sampled["temperature"] == 0.8 and sampled["top_p"] == 0.95
+    sweep, mismatches = load_sweep(serving, cfg)
+    assert mismatches == 0 and sweep["requests_per_rate"] == 4
+    (row,) = sweep["rates"]
+    assert row["rate"] == pytest.approx(2.0 * sweep["capacity_req_s"])
+    assert row["auto_not_worse"] == (row["auto_mean_latency_s"] <= row["off_mean_latency_s"]
+                                     and row["auto_p99_latency_s"] <= row["off_p99_latency_s"])
+
+
+def _id(prompt: str) -> str:
+    """The held-out prompt id of a prompt text."""
+    return next(r["id"] for r in heldout_prompts(FAMILY_DIR) if r["prompt"] == prompt)

@@ -2,8 +2,10 @@
 
 Tuning the policy means comparing settings whose effect (a few percent) is smaller than a shared
 machine's drift between runs (easily 1.5x). So both settings run at once, as two ``spin serve``
-deployments, and every request of the mixed workload goes to A, then to B, then (as a reference)
-to prompt lookup at k = 4 on A, for ``rounds`` passes: each pair sees the same moment's machine.
+deployments, and every request of the mixed workload (the **tuning** split of the held-out
+prompts: ``spin bench policy`` times the evaluation split) goes to A, then to B, then (as a
+reference) to prompt lookup at k = 4 on A, for ``rounds`` passes: each pair sees the same
+moment's machine.
 Before that, each deployment serves the workload once per drafter (k = 4), so both start from the
 same kind of population statistics, as in ``spin bench policy``. The report: per request the
 median end-to-end seconds of each, and the totals' ratios (B / A < 1: B is faster). Running A
@@ -44,7 +46,7 @@ class ABConfig:
     new_tokens: int = 64
     """Tokens generated per request (greedy)."""
     seed: int = 0
-    """Seed of the mixed workload (``spin bench policy`` times seed 0 and sweeps seed 1)."""
+    """Seed of the mixed workload (drawn from the tuning split)."""
     family_dir: Path = FAMILY_DIR
     """The model family both deployments serve."""
     cost_model: Path | None = None
@@ -56,7 +58,8 @@ def run_ab(cfg: ABConfig) -> dict:
     """Run the comparison; the report (module doc) as a dict."""
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               cost_model=cfg.cost_model)
-    workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir,
+                              split="tuning")
 
     def deployment(overrides: str) -> Embedded:
         router = RouterConfig(policy="learned",

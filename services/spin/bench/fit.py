@@ -1,6 +1,7 @@
 """``spin bench fit``: how well cheap signals pick the draft model that fits a request.
 
-For each held-out prompt of the family: the target's greedy output (``new_tokens``), and for every
+For each held-out prompt of the family's **tuning** split (``spin bench policy`` times the
+evaluation split): the target's greedy output (``new_tokens``), and for every
 draft model its greedy agreement (the fraction of tokens it predicts from the tokens before them)
 on the target's output (what its acceptance rate is, with greedy decoding), on the prompt's last
 ``prompt_positions`` tokens (the learned policy's prompt fit, ``policy/prompt_fit.py``), and on the
@@ -53,7 +54,7 @@ class FitBenchConfig:
     family_dir: Path = FAMILY_DIR
     """The model family (target and draft models)."""
     prompts: int = 0
-    """Held-out prompts to use, spread over the domains (0 = all)."""
+    """Tuning-split prompts to use, spread over the domains (0 = all)."""
     new_tokens: int = 64
     """Greedy output tokens of the target per prompt."""
     prompt_positions: int = 512
@@ -88,7 +89,7 @@ def run_fit_bench(cfg: FitBenchConfig) -> dict:
     if len(names) < 2:
         raise ValueError(f"{cfg.family_dir} has {len(names)} draft models: nothing to rank")
     drafters = {n: AutoModelForCausalLM.from_pretrained(cfg.family_dir / n).eval() for n in names}
-    rows = heldout_prompts(cfg.family_dir)
+    rows = heldout_prompts(cfg.family_dir, split="tuning")
     if cfg.prompts:
         step = max(1, len(rows) // cfg.prompts)
         rows = rows[::step][:cfg.prompts]

@@ -18,16 +18,19 @@ from .services import _router_times
 
 def _pipeline_batch(cfg: PolicyBenchConfig) -> list[Request]:
     """The pipeline section's concurrent requests (the same on both deployments)."""
-    return build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir)
+    return build_workload(cfg.pipeline_requests, seed=cfg.seed, family_dir=cfg.family_dir,
+                          split="evaluation")
 
 
 def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -> Child:
-    """A second router over ``emb``'s verifier and draft-code, with two micro-batches."""
-    verifier, code = emb.child("verifier", "verifier"), emb.child("drafter", "draft-code")
+    """A second router over ``emb``'s verifier and the pipeline drafter, with two
+    micro-batches."""
+    name = cfg.pipeline_drafter
+    verifier, drafter = emb.child("verifier", "verifier"), emb.child("drafter", name)
     piped = Child("router-pipelined", _spin(
         "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
         str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
-        "fixed", "--micro-batches", "2", "--drafter", f"draft-code=127.0.0.1:{code.port}",
+        "fixed", "--micro-batches", "2", "--drafter", f"{name}=127.0.0.1:{drafter.port}",
         *(("--cpus", cpus) if cpus else ())), emb.cfg.log_dir, None)
     try:
         piped.wait_ready(120)
@@ -39,15 +42,15 @@ def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -
 
 def shared_cores(emb: Embedded,
                   cfg: PolicyBenchConfig) -> dict[str, tuple[list[list[int]], float]]:
-    """The pipeline section's batch (draft-code, k=4) on the benchmark's own deployment, whose
-    processes share every core, through its router (one micro-batch) and through a second router
-    with two: each run's outputs and tokens/s."""
+    """The pipeline section's batch (the pipeline drafter, k=4) on the benchmark's own
+    deployment, whose processes share every core, through its router (one micro-batch) and
+    through a second router with two: each run's outputs and tokens/s."""
     batch = _pipeline_batch(cfg)
     piped = _pipelined_router(emb, cfg, None)
     out = {}
     try:
         for name, port in (("one", emb.router.port), ("two", piped.port)):
-            res, wall = run_requests(f"127.0.0.1:{port}", batch, "draft-code", 4, cfg,
+            res, wall = run_requests(f"127.0.0.1:{port}", batch, cfg.pipeline_drafter, 4, cfg,
                              f"pipeline: shared cores, {name} micro-batch(es)",
                              concurrency=len(batch))
             out[name] = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / wall)
@@ -59,8 +62,9 @@ def shared_cores(emb: Embedded,
 def pipeline(cfg: PolicyBenchConfig, log_dir: Path,
               shared: dict[str, tuple[list[list[int]], float]]) -> tuple[dict, int]:
     """SPIN's pipeline on a deployment of its own whose cores are split (``cpus.split``): the
-    verifier on cores of its own, draft-code and the routers on the others, as a GPU verifier
-    beside CPU-side drafting would be. The same concurrent batch (draft-code, k=4) through its
+    verifier on cores of its own, the pipeline drafter and the routers on the others, as a GPU
+    verifier beside CPU-side drafting would be. The same concurrent batch (that drafter, k=4)
+    through its
     router with one micro-batch and through a second router with two (one drafted while the
     other is verified). ``shared``: that batch on the benchmark's own deployment (cores shared,
     ``shared_cores``), for comparison. Returns the report and the lossless mismatches (every
@@ -76,9 +80,10 @@ def pipeline(cfg: PolicyBenchConfig, log_dir: Path,
     side, own = split(cpus)
     workload = _pipeline_batch(cfg)
     out: dict = {"cpus": {"drafters_and_routers": format_cpus(side),
-                          "verifier": format_cpus(own)}, "requests": len(workload)}
+                          "verifier": format_cpus(own)}, "requests": len(workload),
+                "drafter": cfg.pipeline_drafter}
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir / "pipeline",
-                              drafters=["draft-code"], router=RouterConfig(policy="fixed"),
+                              drafters=[cfg.pipeline_drafter], router=RouterConfig(policy="fixed"),
                               redis=False, cpus="split")) as emb:
         piped = _pipelined_router(emb, cfg, format_cpus(side))
         try:
@@ -91,7 +96,7 @@ def pipeline(cfg: PolicyBenchConfig, log_dir: Path,
             for name, port, metrics_port in (("off", emb.router.port, emb.router.metrics_port),
                                              ("on", piped.port, piped.metrics_port)):
                 before = _router_times(metrics_port)
-                res, wall = run_requests(f"127.0.0.1:{port}", workload, "draft-code", 4, cfg,
+                res, wall = run_requests(f"127.0.0.1:{port}", workload, cfg.pipeline_drafter, 4, cfg,
                                  f"pipeline {name}", concurrency=len(workload))
                 d = {k: v - before.get(k, 0.0) for k, v in _router_times(metrics_port).items()}
                 mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))

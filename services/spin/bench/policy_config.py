@@ -12,7 +12,26 @@ from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request
 
 from ..router.config import SchedulerConfig
+from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One workload's sampling settings (every configuration of a goodput grid uses them)."""
+
+    name: str
+    """``greedy`` or ``sampled``: the report's key."""
+    temperature: float = 0.0
+    """0 = greedy (outputs lossless-checked against speculation off)."""
+    top_p: float = 1.0
+    """Nucleus mass; 1.0 = off."""
+
+
+GREEDY = Sampling("greedy")
+SAMPLED = Sampling("sampled", temperature=0.8, top_p=0.95)
+"""The README's headline workload: request ``i`` samples with seed ``seed + i`` in every
+configuration."""
 
 
 @dataclass
@@ -21,15 +40,18 @@ class PolicyBenchConfig:
 
     family_dir: Path = FAMILY_DIR
     quick: bool = False
-    """Fewer requests, k values and rates (at most 12 minutes on 2 cores)."""
+    """Fewer requests, k values and rates (about 25 minutes on 2 cores)."""
     new_tokens: int = 64
     seed: int = 0
     cost_model: Path | None = None
     """A cost model file for the router (``spin profile``); None: the router fits one from the
     step times the services measure on themselves at start, as in a deployment."""
+    workloads: tuple[Sampling, ...] = (GREEDY, SAMPLED)
+    """The goodput section's workloads, each over the whole grid."""
 
     @property
     def requests(self) -> int:
+        """Requests of the goodput section (from the evaluation split)."""
         return 9 if self.quick else 24
 
     @property
@@ -39,11 +61,14 @@ class PolicyBenchConfig:
 
     @property
     def ks(self) -> tuple[int, ...]:
-        return (2, 4) if self.quick else (2, 4, 6)
+        """k of the fixed grid: every k the learned policy may choose (``k_max`` 16); --quick
+        keeps 8 of them, from 1 to 16."""
+        return (1, 2, 3, 4, 6, 8, 12, 16) if self.quick else tuple(range(1, 17))
 
     @property
     def load_fractions(self) -> tuple[float, ...]:
-        return (0.1, 0.5, 1.0) if self.quick else (0.1, 0.3, 0.6, 1.0, 1.5)
+        """Sweep rates, as fractions of the batched capacity of speculation off."""
+        return (0.25, 0.5, 1.0, 2.0) if self.quick else (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
     @property
     def pipeline_requests(self) -> int:
@@ -53,18 +78,25 @@ class PolicyBenchConfig:
 
     @property
     def sweep_requests(self) -> int:
-        """Requests per rate and configuration (at 0.1 of capacity, 6 take about a minute)."""
-        return 6 if self.quick else 24
+        """Requests per rate and mode: two full batches (the router's default ``max_batch``),
+        so the capacity run and the rates past it keep a queue."""
+        return 2 * SchedulerConfig().max_batch
+
+    @property
+    def pipeline_drafter(self) -> str:
+        """The model drafter of the pipeline section: the family's first (by name)."""
+        return family_members(self.family_dir)[0]
 
 
 def run_requests(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBenchConfig,
-                 desc: str, concurrency: int | None = 1,
-                 progress: bool = True) -> tuple[list, float]:
+                 desc: str, concurrency: int | None = 1, progress: bool = True,
+                 sampling: Sampling = GREEDY, early_stop: bool = False) -> tuple[list, float]:
     """``reqs`` through the router at ``endpoint`` (``concurrency`` at once; None: at their
-    arrival times) with speculation ``spec`` at ``k``: the results and the wall seconds. Raises
-    if any request failed."""
-    client = ClientConfig(endpoint, cfg.new_tokens, speculation=spec, k=k,
-                          max_concurrency=concurrency)
+    arrival times) with speculation ``spec`` at ``k`` (``early_stop``: its chain may stop early
+    as the policy's do): the results and the wall seconds. Raises if any request failed."""
+    client = ClientConfig(endpoint, cfg.new_tokens, sampling.temperature, cfg.seed,
+                          speculation=spec, k=k, max_concurrency=concurrency,
+                          top_p=sampling.top_p, early_stop=early_stop)
 
     async def go():
         async with grpc.aio.insecure_channel(endpoint) as channel:

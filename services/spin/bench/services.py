@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -30,6 +30,7 @@ from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..v1 import generation_pb2, generation_pb2_grpc
 from ..zoo.corpus import heldout_prompts
+from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
 
 
@@ -38,8 +39,9 @@ class ServicesBenchConfig:
     """What the services benchmark runs."""
 
     family_dir: Path = FAMILY_DIR
-    drafter: str = "draft-code"
-    """Drafter used on both sides (a model drafter: its RPCs are what is measured)."""
+    drafter: str | None = None
+    """Drafter used on both sides (a model drafter: its RPCs are what is measured); None: the
+    family's first draft model, by name."""
     k: int = 4
     new_tokens: int = 128
     prompts: int = 6
@@ -78,6 +80,8 @@ def _router_times(port: int, names: tuple[str, ...] = STEP_HISTOGRAMS) -> dict[s
 
 def run_services_bench(cfg: ServicesBenchConfig) -> dict:
     fam = cfg.family_dir
+    if cfg.drafter is None:
+        cfg = replace(cfg, drafter=family_members(fam)[0])
     tok = AutoTokenizer.from_pretrained(fam / "target")
     prompts = []
     for row in heldout_prompts(fam, (cfg.domain,)):

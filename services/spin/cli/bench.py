@@ -19,8 +19,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_engine(bsub: argparse._SubParsersAction) -> None:
-    be = bsub.add_parser("engine", help="engine vs transformers, speculation on vs off")
-    be.add_argument("--quick", action="store_true", help="fewer prompts and k (<= 4 min on 2 cores)")
+    be = bsub.add_parser("engine", help="engine vs transformers (generate, prompt lookup, "
+                         "assisted), each chosen on tuning prompts and timed on evaluation ones")
+    be.add_argument("--quick", action="store_true",
+                    help="fewer prompts, k and grid values (about 2.5 min on 2 idle cores)")
     be.add_argument("--json", help="write the report as JSON to this file")
     be.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     be.set_defaults(func=_bench_engine)
@@ -36,7 +38,8 @@ def _add_attention(bsub: argparse._SubParsersAction) -> None:
 
 def _add_services(bsub: argparse._SubParsersAction) -> None:
     bs = bsub.add_parser("services", help="the engine in process vs through the gRPC services")
-    bs.add_argument("--drafter", default="draft-code")
+    bs.add_argument("--drafter", default=None,
+                    help="a drafter of the family (default: its first draft model, by name)")
     bs.add_argument("--k", type=positive(int), default=4)
     bs.add_argument("--prompts", type=positive(int), default=6)
     bs.add_argument("--json", help="write the report as JSON to this file")
@@ -68,8 +71,8 @@ def _bench_api(args: argparse.Namespace) -> int:
 
 
 def _add_policy(bsub: argparse._SubParsersAction) -> None:
-    bp = bsub.add_parser("policy", help="learned policy vs fixed drafters, off and the oracle")
-    bp.add_argument("--quick", action="store_true", help="fewer requests and rates (<= 12 min)")
+    bp = bsub.add_parser("policy", help="learned policy vs every fixed drafter and k, and off")
+    bp.add_argument("--quick", action="store_true", help="fewer requests, k values and rates (about 25 min on 2 cores)")
     bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
     bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bp.set_defaults(func=_bench_policy)
@@ -104,28 +107,45 @@ def _add_ab(bsub: argparse._SubParsersAction) -> None:
 def _bench_engine(args: argparse.Namespace) -> int:
     from ..bench.engine import EngineBenchConfig, run_engine_bench
 
-    report = run_engine_bench(EngineBenchConfig(family_dir=args.family_dir, quick=args.quick))
-    for domain, row in report["domains"].items():
-        alone = row["target_alone_tok_s"]
-        print(f"{domain:6s} target alone {alone:7.1f} tok/s | HF generate "
-              f"{row['hf_generate_tok_s']:7.1f} | HF assisted best {row['hf_assisted_best_tok_s']:7.1f} "
-              f"({row['hf_assisted_best_draft']}) | spec best {row['spec_best_tok_s']:7.1f} "
-              f"({row['spec_best_drafter']}, k={row['spec_best_k']}, tau={row['tau']:.2f}) "
-              f"= {row['spec_best_tok_s'] / alone:.2f}x alone, "
-              f"{row['spec_best_tok_s'] / row['hf_generate_tok_s']:.2f}x HF generate, "
-              f"{row['spec_best_tok_s'] / row['hf_assisted_best_tok_s']:.2f}x HF assisted")
-        for name, best in row["spec_by_drafter"].items():
-            print(f"         {name:17s} best k={best['k']} {best['tok_s']:7.1f} tok/s "
-                  f"({best['tok_s'] / alone:.2f}x alone), tau {best['tau']:.2f}, "
-                  f"efficiency {best['efficiency']:.2f}")
-    for b, row in report["batch"].items():
+    cfg = (EngineBenchConfig.quick_preset(family_dir=args.family_dir) if args.quick
+           else EngineBenchConfig(family_dir=args.family_dir))
+    r = run_engine_bench(cfg)
+    print(f"chosen on the tuning prompts, timed on the evaluation prompts (disjoint documents); "
+          f"{r['new_tokens']} tokens each, greedy, batch 1")
+    for domain, row in r["domains"].items():
+        c, ev, x = row["chosen"], row["evaluation"], row["ratios"]
+        a = c["hf_assisted"]
+        print(f"{domain:6s} spin {ev['spin_tok_s']:7.1f} tok/s ({c['spin']['drafter']}, "
+              f"k={c['spin']['k']}, tau {ev['spin_tau']:.2f}) = {x['vs_target_alone']:.2f}x "
+              f"target alone ({ev['target_alone_tok_s']:.1f}), {x['vs_hf_generate']:.2f}x HF "
+              f"generate ({ev['hf_generate_tok_s']:.1f}), {x['vs_hf_prompt_lookup']:.2f}x HF "
+              f"prompt lookup ({ev['hf_prompt_lookup_tok_s']:.1f}, N="
+              f"{c['hf_prompt_lookup']['prompt_lookup_num_tokens']}), {x['vs_hf_assisted']:.2f}x "
+              f"HF assisted ({ev['hf_assisted_tok_s']:.1f}, {a['draft']} {a['name']})")
+        t = row["tuning"]
+        print(f"       tuning: target alone {t['target_alone_tok_s']:.1f}, HF generate "
+              f"{t['hf_generate_tok_s']:.1f}; HF prompt lookup by N: "
+              + ", ".join(f"{n} {v:.1f}" for n, v in t["hf_prompt_lookup"].items()))
+        for name, by_k in t["spin"].items():
+            print(f"         spin {name:17s} " + ", ".join(
+                f"k={k} {v['tok_s']:.1f} (tau {v['tau']:.2f}, eff {v['efficiency']:.2f})"
+                for k, v in by_k.items()))
+        for name, by_setting in t["hf_assisted"].items():
+            print(f"         HF assisted {name:17s} "
+                  + ", ".join(f"{s} {v:.1f}" for s, v in by_setting.items()))
+    for b, row in r["batch"].items():
         print(f"batch {b:>2s}: spec off {row['spec_off_tok_s']:7.1f} tok/s, on "
               f"{row['spec_on_tok_s']:7.1f} tok/s ({row['spec_on_tok_s'] / row['spec_off_tok_s']:.2f}x), "
               f"tau {row['tau']:.2f}, efficiency {row['efficiency']:.2f} "
-              "(each request with its domain's best drafter and k)")
-    print(f"efficiency at batch 1: {report['efficiency_b1']:.2f}; lossless: {report['lossless']}")
-    write_json(args.json, report)
-    return 0 if report["lossless"] else 1
+              "(evaluation prompts, each request with its domain's chosen drafter and k)")
+    if r["efficiency_b1"] is not None:
+        print(f"efficiency at batch 1: {r['efficiency_b1']:.2f}")
+    print(f"lossless: {r['lossless']}"
+          + (f" (differed: {r['lossless_mismatches']})" if not r["lossless"] else "")
+          + f"; HF lossless (prompt lookup and assisted = HF generate): {r['hf_lossless']}"
+          + (f" (differed: {r['hf_mismatches']})" if not r["hf_lossless"] else ""))
+    write_json(args.json, r)
+    return 0 if r["lossless"] else 1
 
 
 def _bench_attention(args: argparse.Namespace) -> int:
@@ -175,25 +195,38 @@ def _bench_policy(args: argparse.Namespace) -> int:
 
     out = Path(args.json) if args.json else None
     r = run_policy_bench(PolicyBenchConfig(family_dir=args.family_dir, quick=args.quick), out)
-    g = r["goodput"]
-    print(f"goodput (tok/s, one request at a time, {r['requests']} mixed requests x "
-          f"{r['new_tokens']} tokens): learned {g['learned']:.1f} | best fixed {g['best_fixed']:.1f} "
-          f"({g['best_fixed_config']}) | oracle {g['oracle']:.1f} | off {g['off']:.1f}")
-    print(f"learned / best fixed = {g['learned'] / g['best_fixed']:.2f}x, learned / oracle = "
-          f"{g['learned'] / g['oracle']:.2f}x, learned / off = {g['learned'] / g['off']:.2f}x "
-          f"(best fixed and oracle chosen on other passes than they are timed on; on the same: "
-          f"{g['learned'] / g['best_fixed_in_sample']:.2f}x and "
-          f"{g['learned'] / g['oracle_in_sample']:.2f}x)")
-    for row in r["sweep"]:
-        print(f"rate {row['rate']:6.2f}/s ({row['load_fraction']:.1f} of capacity): mean latency "
-              f"auto {row['auto_mean_latency_s']:.2f} s, off {row['off_mean_latency_s']:.2f} s, "
-              f"best fixed {row['best_fixed_mean_latency_s']:.2f} s; auto p99 "
-              f"{row['auto_p99_latency_s']:.2f} s")
+    cold = r["cold_start"]
+    print(f"{r['requests']} requests of the evaluation split ({', '.join(r['domains'])}) x "
+          f"{r['new_tokens']} tokens, one at a time")
+    print(f"cold start (fresh deployment, empty Redis): learned {cold['learned']:.1f} tok/s, off "
+          f"{cold['off']:.1f}" + (f"; {cold['cold_over_warm']:.2f}x of the warm learned policy"
+                                  if "cold_over_warm" in cold else ""))
+    for name, g in r["goodput"].items():
+        ks = g["ks"]
+        print(f"goodput, {name} (temperature {g['temperature']}, top-p {g['top_p']}; fixed k "
+              f"{ks[0]}..{ks[-1]} ({len(ks)} values) with the policy's early stopping): learned "
+              f"{g['learned']:.1f} tok/s | best fixed {g['best_fixed']:.1f} "
+              f"({g['best_fixed_config']}) | per-request best fixed "
+              f"{g['per_request_best_fixed']:.1f} | off {g['off']:.1f}")
+        print(f"  learned / best fixed = {g['learned_over_best_fixed']:.2f}x, learned / "
+              f"per-request best fixed = {g['learned_over_per_request_best_fixed']:.2f}x, "
+              f"learned / off = {g['learned'] / g['off']:.2f}x (the best configurations chosen "
+              f"on other passes than they are timed on; on the same: "
+              f"{g['learned'] / g['best_fixed_in_sample']:.2f}x and "
+              f"{g['learned'] / g['per_request_best_fixed_in_sample']:.2f}x)")
+    sw = r["sweep"]
+    print(f"load: batched capacity of speculation off {sw['capacity_req_s']:.2f} req/s "
+          f"({sw['capacity_tokens_s']:.0f} tok/s), {sw['requests_per_rate']} requests per rate")
+    for row in sw["rates"]:
+        print(f"  rate {row['rate']:6.2f}/s ({row['load_fraction']:.2f}x capacity): latency mean "
+              f"auto {row['auto_mean_latency_s']:.2f} s / off {row['off_mean_latency_s']:.2f} s, "
+              f"p99 auto {row['auto_p99_latency_s']:.2f} s / off {row['off_p99_latency_s']:.2f} s"
+              f"{'' if row['auto_not_worse'] else '  (auto worse)'}")
     pl = r["pipeline"]
     if "skipped" in pl:
         print(f"pipeline: skipped ({pl['skipped']})")
     else:
-        print(f"pipeline ({pl['requests']} concurrent requests, draft-code k=4, verifier on cores "
+        print(f"pipeline ({pl['requests']} concurrent requests, {pl['drafter']} k=4, verifier on cores "
               f"{pl['cpus']['verifier']}, drafter and routers on "
               f"{pl['cpus']['drafters_and_routers']}): step {1e3 * pl['step_s']:.1f} ms with two "
               f"micro-batches vs {1e3 * pl['step_s_unpipelined']:.1f} ms with one (draft "
@@ -207,9 +240,11 @@ def _bench_policy(args: argparse.Namespace) -> int:
     print(f"decomposition (15 decoding + 1 prefilling request): step {1e3 * dc['on']['step_s']:.1f} ms "
           f"in {dc['on']['forwards']} forwards, padding {100 * dc['on']['padded_fraction']:.0f}% vs "
           f"{1e3 * dc['off']['step_s']:.1f} ms in one, padding {100 * dc['off']['padded_fraction']:.0f}%")
-    fit, serving = r["cost_model_mape"] or {}, r["cost_model_serving_mape"]
+    fit = r["cost_model_mape"] or {}
+    serving = {n: g["cost_model_serving_mape"] for n, g in r["goodput"].items()
+               if g["cost_model_serving_mape"] is not None}
     print("cost model error (MAPE): fit " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in fit.items())
-          + (f"; serving (learned steps) {100 * serving:.1f}%" if serving is not None else ""))
+          + "".join(f"; serving, {n} {100 * v:.1f}%" for n, v in serving.items()))
     print(f"lossless mismatches {r['lossless_mismatches']}")
     if out:
         print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -4,6 +4,8 @@ For every drafter (each draft model and prompt lookup) and every domain: greedy 
 tokens per verification step at k=4 against the target, (a) on the target's own greedy
 continuations of held-out prompts — what speculative decoding sees at serving time — and (b) on
 held-out human text. Mean accepted length tau = 1 + mean accepted (the bonus token included).
+Beside it, how repetitive the target's greedy continuations are next to the human text after the
+same prompts (``repetition.py``: distinct-token share, share of tokens in exact loops).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from .acceptance import PROMPT_LOOKUP, human_window_acceptance, teacher_forced_argmax, walk_steps
 from .corpus import heldout_prompts
 from .distill import greedy_continue
+from .repetition import compare_with_human
+from .repetition import markdown as repetition_markdown
 from .specs import DOMAINS, FAMILY_DIR
 
 README_BEGIN, README_END = "<!-- zoo-report:begin -->", "<!-- zoo-report:end -->"
@@ -82,8 +86,10 @@ def run_report(cfg: ReportConfig) -> dict:
     own: dict[str, dict[str, float]] = {d: {} for d in drafters}
     human: dict[str, dict[str, float]] = {d: {} for d in drafters}
     skipped = 0
+    generated: dict[str, list[list[int]]] = {}  # per domain: the target's output, up to EOS
+    references: dict[str, list[list[int]]] = {}  # per domain: the human text after each prompt
     for domain in tqdm(DOMAINS, desc="report", unit="domain"):
-        prompt_ids, windows = [], []
+        prompt_ids, windows, refs = [], [], []
         for r in heldout_prompts(cfg.family_dir, (domain,)):
             ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
             if len(ids) < cfg.prompt_tokens:
@@ -91,6 +97,7 @@ def run_report(cfg: ReportConfig) -> dict:
                 continue
             prompt_ids.append(ids[-cfg.prompt_tokens:])
             full = tok(r["prompt"] + r["reference"], add_special_tokens=False)["input_ids"]
+            refs.append(full[len(ids):])
             for c in range(len(ids), len(full), cfg.window_stride):
                 windows.append(full[c - cfg.prompt_tokens:c])
             if len(prompt_ids) == cfg.prompts_per_domain:
@@ -101,6 +108,9 @@ def run_report(cfg: ReportConfig) -> dict:
         seqs = torch.cat([prompts, greedy_continue(target, prompts, cfg.new_tokens)], dim=1)
         t_arg = teacher_forced_argmax(target, seqs).tolist()
         lengths = [_until_eos(s, cfg.prompt_tokens, tok.eos_token_id) for s in seqs.tolist()]
+        generated[domain] = [[t for t in s[cfg.prompt_tokens:n] if t != tok.eos_token_id]
+                             for s, n in zip(seqs.tolist(), lengths, strict=True)]
+        references[domain] = refs
         win = torch.tensor(windows, dtype=torch.long)  # [W, P]
         for name in drafters:
             d_arg = teacher_forced_argmax(drafts[name], seqs).tolist() if name in drafts else None
@@ -124,6 +134,7 @@ def run_report(cfg: ReportConfig) -> dict:
         "definition": "mean accepted draft tokens per verification step (greedy); tau = 1 + this",
         "target_continuation": own, "human_text": human, "forward_ms": timings,
         "parameters": params, "heldout_loss": losses, "criteria": criteria(own, timings),
+        "repetition": compare_with_human(generated, references),
     }
 
 
@@ -183,6 +194,8 @@ def markdown(report: dict) -> str:
               "", f"Best drafter by domain: {c['best_by_domain']}; selection gaps: {c['selection_gaps']}; "
               f"target / smallest draft cost {c['target_over_smallest_draft_cost']}x; smallest / largest "
               f"draft cost {c['smallest_over_largest_draft_cost']}."]
+    if "repetition" in report:
+        lines += ["", repetition_markdown(report["repetition"])]
     return "\n".join(lines)
 
 

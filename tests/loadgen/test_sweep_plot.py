@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.__main__ import main
 from loadgen.client import ClientConfig
 from loadgen.plot import acceptance_series, write_plots
 from loadgen.report import DrafterCounts, RequestResult, SpecCounts
@@ -154,26 +153,3 @@ def test_plots_of_a_sweep_and_of_a_single_run(tmp_path: Path) -> None:
     _assert_png(paths[0])
     assert len(notes) == 2 and "need --sweep" in notes[0] and "no per-drafter" in notes[1]
     assert sorted(f.name for f in (tmp_path / "single").iterdir()) == ["ttft_cdf.png"]
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--top-p", "0"], "--top-p must be in (0, 1] (got 0.0)"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
-    (["--sweep", "--rate", "4"], "--sweep picks its own rates"),
-    (["--sweep-rates", "1,2"], "--sweep-fractions and --sweep-rates need --sweep"),
-    (["--sweep", "--sweep-rates", "1", "--sweep-fractions", "1"], "not both"),
-    (["--sweep", "--sweep-fractions", "0.5,0"], "--sweep-fractions: every value must be"),
-    (["--sweep", "--sweep-rates", "x"], "--sweep-rates: 'x' is not a number"),
-    (["--model", "m"], "--model is for --backend openai"),
-    (["--backend", "openai", "--endpoint", "http://h:1", "--tls-ca"], "needs an https://"),
-    (["--backend", "openai", "--endpoint", "ftp://h:1"], "--endpoint: bad endpoint"),
-    (["--tls-ca", "/no/such/ca.pem"], "--tls-ca: no such file: /no/such/ca.pem"),
-    (["--backend", "nope"], "invalid choice: 'nope'"),
-    (["--k", "-1"], "--k must be >= 0"),
-])
-def test_bad_arguments(args: list[str], message: str,
-                       capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err

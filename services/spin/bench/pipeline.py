@@ -71,8 +71,9 @@ def pipeline(cfg: PolicyBenchConfig, log_dir: Path,
     output against speculation off on the split deployment).
 
     A step of a run is the wall time over the most steps any of its requests took: the time to
-    advance every running request by one step (both runs take the same steps per request: the
-    same drafter, k and greedy acceptance). ``draft_s`` and ``verify_s`` are the one-micro-batch
+    advance every running request by one step (both runs take about the same steps per
+    request: the same drafter and k, but a draft model's tokens may differ with its batch's
+    composition, floating point being what it is, and acceptance with them). ``draft_s`` and ``verify_s`` are the one-micro-batch
     run's means per step, from the router's metrics."""
     cpus = available_cpus()
     if len(cpus) < 2:

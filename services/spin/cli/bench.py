@@ -72,7 +72,8 @@ def _bench_api(args: argparse.Namespace) -> int:
 
 def _add_policy(bsub: argparse._SubParsersAction) -> None:
     bp = bsub.add_parser("policy", help="learned policy vs every fixed drafter and k, and off")
-    bp.add_argument("--quick", action="store_true", help="fewer requests, k values and rates (about 25 min on 2 cores)")
+    bp.add_argument("--quick", action="store_true",
+                    help="fewer requests, k values and rates (about 25 min on 2 cores)")
     bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
     bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bp.set_defaults(func=_bench_policy)
@@ -208,12 +209,12 @@ def _bench_policy(args: argparse.Namespace) -> int:
               f"{g['learned']:.1f} tok/s | best fixed {g['best_fixed']:.1f} "
               f"({g['best_fixed_config']}) | per-request best fixed "
               f"{g['per_request_best_fixed']:.1f} | off {g['off']:.1f}")
-        print(f"  learned / best fixed = {g['learned_over_best_fixed']:.2f}x, learned / "
-              f"per-request best fixed = {g['learned_over_per_request_best_fixed']:.2f}x, "
+        print(f"  learned / best fixed = {g['learned_over_best_fixed']:.3f}x, learned / "
+              f"per-request best fixed = {g['learned_over_per_request_best_fixed']:.3f}x, "
               f"learned / off = {g['learned'] / g['off']:.2f}x (the best configurations chosen "
               f"on other passes than they are timed on; on the same: "
-              f"{g['learned'] / g['best_fixed_in_sample']:.2f}x and "
-              f"{g['learned'] / g['per_request_best_fixed_in_sample']:.2f}x)")
+              f"{g['learned'] / g['best_fixed_in_sample']:.3f}x and "
+              f"{g['learned'] / g['per_request_best_fixed_in_sample']:.3f}x)")
     sw = r["sweep"]
     print(f"load: batched capacity of speculation off {sw['capacity_req_s']:.2f} req/s "
           f"({sw['capacity_tokens_s']:.0f} tok/s), {sw['requests_per_rate']} requests per rate")

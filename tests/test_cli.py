@@ -136,3 +136,29 @@ def test_stats_prints_the_population_table() -> None:
     # 2 steps, 8 drafted, 4 accepted: rate 0.50, tau 1 + 4/2 = 3.00, 4 ms draft, 10 ms verify
     assert row.split()[1:8] == ["2", "8", "4", "0.50", "3.00", "4.00", "10.00"]
     assert run("stats", "--redis-url", "redis://127.0.0.1:9/0").returncode == 2
+
+
+def test_bench_ab_sampled_workload(monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``spin bench ab --sampled`` compares the settings on the sampled workload (the README's
+    headline), greedy without it; the report's totals are printed."""
+    from spin.bench import ab
+    from spin.bench.policy_config import GREEDY, SAMPLED
+    from spin.cli import main
+
+    seen: list = []
+
+    def fake_run_ab(cfg: ab.ABConfig) -> dict:
+        seen.append(cfg)
+        row = {"domain": "code", "a": 1.0, "b": 0.9, "prompt_lookup": 1.2}
+        return {"rounds": cfg.rounds, "requests": [row], "sampling": cfg.sampling.name,
+                "total_s": {"a": 1.0, "b": 0.9, "prompt_lookup": 1.2}, "b_over_a": 0.9,
+                "prompt_lookup_over_a": 1.2, "prompt_lookup_over_b": 1.2 / 0.9}
+
+    monkeypatch.setattr(ab, "run_ab", fake_run_ab)
+    assert main(["bench", "ab", "--sampled", "--rounds", "2"]) == 0
+    assert main(["bench", "ab"]) == 0
+    assert [c.sampling for c in seen] == [SAMPLED, GREEDY] and seen[0].rounds == 2
+    out = capsys.readouterr().out
+    assert "total (sampled workload, medians of 2 rounds)" in out and "B / A = 0.900" in out
+    assert "total (greedy workload, medians of 3 rounds)" in out

@@ -9,7 +9,9 @@ moment's machine.
 Before that, each deployment serves the workload once per drafter (k = 4), so both start from the
 same kind of population statistics, as in ``spin bench policy``. The report: per request the
 median end-to-end seconds of each, and the totals' ratios (B / A < 1: B is faster). Running A
-against itself measures the noise floor.
+against itself measures the noise floor. The workload is greedy, or sampled
+(``ABConfig.sampling``, ``--sampled``: the headline workload of ``spin bench policy``), with the
+same seeds on A, B and the reference.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import FAMILY_DIR
-from .policy_config import PolicyBenchConfig, run_requests
+from .policy_config import GREEDY, PolicyBenchConfig, Sampling, run_requests
 
 
 @dataclass
@@ -44,7 +46,10 @@ class ABConfig:
     requests: int = 9
     """Requests of the mixed workload (code, prose, structured)."""
     new_tokens: int = 64
-    """Tokens generated per request (greedy)."""
+    """Tokens generated per request."""
+    sampling: Sampling = GREEDY
+    """The workload's sampling (``SAMPLED``: request ``i`` samples with seed ``seed + i`` on A,
+    B and the reference alike)."""
     seed: int = 0
     """Seed of the mixed workload (drawn from the tuning split)."""
     family_dir: Path = FAMILY_DIR
@@ -75,18 +80,21 @@ def run_ab(cfg: ABConfig) -> dict:
                     if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
         for emb, name in ((ea, "A"), (eb, "B")):
             for d in drafters:  # population statistics, as in `spin bench policy`
-                run_requests(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}")
+                run_requests(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}",
+                             sampling=cfg.sampling)
         runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, PROMPT_LOOKUP, 4))
         with tqdm(total=cfg.rounds * len(workload), desc="A/B pairs", unit="req") as bar:
             for _ in range(cfg.rounds):
                 for i, w in enumerate(workload):
                     for key, emb, spec, k in runs:
-                        (res,), _ = run_requests(emb.endpoint, [w], spec, k, bench, key, progress=False)
+                        (res,), _ = run_requests(emb.endpoint, [w], spec, k, bench, key,
+                                                 progress=False, sampling=cfg.sampling)
                         times[key][i].append(res.e2e_s)
                     bar.update()
     median = {key: [statistics.median(x) for x in per] for key, per in times.items()}
     total = {key: sum(v) for key, v in median.items()}
     return {"a": json.loads(cfg.a), "b": json.loads(cfg.b), "rounds": cfg.rounds, "seed": cfg.seed,
+            "sampling": cfg.sampling.name,
             "requests": [{"domain": w.domain, **{k: median[k][i] for k in median}}
                          for i, w in enumerate(workload)],
             "total_s": total, "b_over_a": total["b"] / total["a"],

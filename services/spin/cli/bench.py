@@ -100,6 +100,9 @@ def _add_ab(bsub: argparse._SubParsersAction) -> None:
     ab.add_argument("--rounds", type=positive(int), default=3, help="passes (per-request medians)")
     ab.add_argument("--requests", type=positive(int), default=9, help="mixed workload size")
     ab.add_argument("--seed", type=int, default=0, help="seed of the mixed workload")
+    ab.add_argument("--sampled", action="store_true",
+                    help="the sampled workload (temperature 0.8, top-p 0.95, seeded) instead "
+                         "of greedy")
     ab.add_argument("--json", help="write the report as JSON to this file")
     ab.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     ab.set_defaults(func=_bench_ab)
@@ -283,6 +286,7 @@ def _bench_fit(args: argparse.Namespace) -> int:
 
 def _bench_ab(args: argparse.Namespace) -> int:
     from ..bench.ab import ABConfig, run_ab
+    from ..bench.policy_config import GREEDY, SAMPLED
 
     for flag, text in (("--a", args.a), ("--b", args.b)):
         try:
@@ -290,13 +294,14 @@ def _bench_ab(args: argparse.Namespace) -> int:
         except ValueError as e:
             return fail("bench ab", f"{flag}: {e}")
     r = run_ab(ABConfig(a=args.a, b=args.b, rounds=args.rounds, requests=args.requests,
-                        seed=args.seed, family_dir=args.family_dir))
+                        seed=args.seed, family_dir=args.family_dir,
+                        sampling=SAMPLED if args.sampled else GREEDY))
     for row in r["requests"]:
         print(f"{row['domain']:10s}  A {row['a']:.3f} s  B {row['b']:.3f} s  "
               f"prompt lookup {row['prompt_lookup']:.3f} s")
     t = r["total_s"]
-    print(f"total (medians of {r['rounds']} rounds): A {t['a']:.2f} s, B {t['b']:.2f} s, prompt "
-          f"lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
+    print(f"total ({r['sampling']} workload, medians of {r['rounds']} rounds): A {t['a']:.2f} s, "
+          f"B {t['b']:.2f} s, prompt lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
           f"(< 1: B faster); prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
           f"/ B = {r['prompt_lookup_over_b']:.3f}")
     write_json(args.json, r)

@@ -33,7 +33,19 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str,
+          fraction: bool = False) -> Path:
+    """Label, grid and write the chart; ``fraction``: a y axis from 0 to 1 and a small legend
+    (several lines), else from 0 up."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if fraction:
+        ax.set_ylim(0, 1.02)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small" if fraction else None)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
@@ -54,21 +66,20 @@ def latency_vs_rate(runs: Sequence[RunRecord], path: Path) -> Path:
     ax.plot(rates, [percentile(ms, 50) for _, ms in pts], "o-", label="p50")
     ax.plot(rates, [percentile(ms, 99) for _, ms in pts], "s--", label="p99")
     _capacity_line(ax, runs)
-    ax.set_xlabel("offered request rate (req/s)")
-    ax.set_ylabel("end-to-end latency (ms)")
-    ax.set_title("Latency vs request rate")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+    return _save(fig, ax, path, "offered request rate (req/s)", "end-to-end latency (ms)",
+                 "Latency vs request rate")
+
+
+def _saturation_run(runs: Sequence[RunRecord]) -> RunRecord | None:
+    """The first run that sent its whole workload at once (infinite rate), if any."""
+    return next((run for run in runs if math.isinf(run.rate) and run.duration_s > 0), None)
 
 
 def _capacity_line(ax: Any, runs: Sequence[RunRecord]) -> None:
-    for run in runs:
-        if math.isinf(run.rate) and run.duration_s > 0:
-            done = sum(r.ok for r in run.results)
-            ax.axvline(done / run.duration_s, color="grey", linestyle=":", label="capacity")
-            return
+    run = _saturation_run(runs)
+    if run is not None:
+        done = sum(r.ok for r in run.results)
+        ax.axvline(done / run.duration_s, color="grey", linestyle=":", label="capacity")
 
 
 def throughput_vs_rate(runs: Sequence[RunRecord], path: Path) -> Path:
@@ -78,19 +89,13 @@ def throughput_vs_rate(runs: Sequence[RunRecord], path: Path) -> Path:
                  for run in runs if not math.isinf(run.rate) and run.duration_s > 0)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="achieved")
-    for run in runs:
-        if math.isinf(run.rate) and run.duration_s > 0:
-            sat = sum(r.output_tokens for r in run.results if r.ok) / run.duration_s
-            ax.axhline(sat, color="grey", linestyle=":", label="saturation run")
-            break
+    sat = _saturation_run(runs)
+    if sat is not None:
+        ax.axhline(sum(r.output_tokens for r in sat.results if r.ok) / sat.duration_s,
+                   color="grey", linestyle=":", label="saturation run")
     _capacity_line(ax, runs)
-    ax.set_xlabel("offered request rate (req/s)")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput vs request rate")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+    return _save(fig, ax, path, "offered request rate (req/s)", "output tokens/s",
+                 "Throughput vs request rate")
 
 
 def ttft_cdf(runs: Sequence[RunRecord], path: Path) -> Path:
@@ -102,13 +107,8 @@ def ttft_cdf(runs: Sequence[RunRecord], path: Path) -> Path:
         if ms:
             ax.step(ms, [(i + 1) / len(ms) for i in range(len(ms))], where="post",
                     label=run.label)
-    ax.set_xlabel("time to first token (ms)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT distribution")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, ax, path, "time to first token (ms)", "fraction of requests",
+                 "TTFT distribution", fraction=True)
 
 
 def acceptance_series(runs: Sequence[RunRecord],
@@ -149,14 +149,10 @@ def acceptance_over_time(runs: Sequence[RunRecord], path: Path) -> Path | None:
     if len(runs) > 1:
         for run in runs[1:]:
             ax.axvline(run.offset_s, color="grey", linestyle=":", linewidth=0.8)
-    ax.set_xlabel("completion time (s since the start" +
-                  ("; dotted: a new run)" if len(runs) > 1 else ")"))
-    ax.set_ylabel("acceptance rate (accepted / drafted)")
-    ax.set_title("Draft acceptance over time")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, ax, path, "completion time (s since the start"
+                 + ("; dotted: a new run)" if len(runs) > 1 else ")"),
+                 "acceptance rate (accepted / drafted)", "Draft acceptance over time",
+                 fraction=True)
 
 
 def write_plots(out_dir: Path, runs: Sequence[RunRecord],

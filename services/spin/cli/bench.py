@@ -301,8 +301,9 @@ def _bench_ab(args: argparse.Namespace) -> int:
               f"prompt lookup {row['prompt_lookup']:.3f} s")
     t = r["total_s"]
     print(f"total ({r['sampling']} workload, medians of {r['rounds']} rounds): A {t['a']:.2f} s, "
-          f"B {t['b']:.2f} s, prompt lookup k=4 {t['prompt_lookup']:.2f} s; B / A = {r['b_over_a']:.3f} "
-          f"(< 1: B faster); prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
+          f"B {t['b']:.2f} s, prompt lookup k=4 {t['prompt_lookup']:.2f} s; "
+          f"B / A = {r['b_over_a']:.3f} (< 1: B faster); "
+          f"prompt lookup / A = {r['prompt_lookup_over_a']:.3f}, "
           f"/ B = {r['prompt_lookup_over_b']:.3f}")
     write_json(args.json, r)
     return 0

@@ -162,3 +162,41 @@ def test_bench_ab_sampled_workload(monkeypatch: pytest.MonkeyPatch,
     out = capsys.readouterr().out
     assert "total (sampled workload, medians of 2 rounds)" in out and "B / A = 0.900" in out
     assert "total (greedy workload, medians of 3 rounds)" in out
+
+
+def test_bench_sweep_passes_split_fractions_and_settings(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """``spin bench sweep`` runs the load sweep on the split, fractions and policy settings
+    asked for (tuning by default) and prints auto / off per rate; bad settings or fractions are
+    refused before anything starts, and a lossless mismatch fails the run."""
+    from spin.bench import policy_sweep
+    from spin.cli import main
+
+    seen: list = []
+    mismatches = [0]
+
+    def fake(cfg, split, fractions, overrides):  # type: ignore[no-untyped-def]
+        seen.append((split, fractions, overrides))
+        row = {"load_fraction": 2.0, "rate": 12.0, "auto_mean_latency_s": 3.0,
+               "off_mean_latency_s": 4.0, "auto_p99_latency_s": 6.0, "off_p99_latency_s": 5.0}
+        return {"split": split, "requests_per_rate": 64, "capacity_req_s": 6.0, "rates": [row],
+                "lossless_mismatches": mismatches[0]}
+
+    monkeypatch.setattr(policy_sweep, "run_sweep_bench", fake)
+    setting = '{"controller": {"objective": "throughput"}}'
+    assert main(["bench", "sweep", "--fractions", "1,2", "--policy-config", setting]) == 0
+    assert main(["bench", "sweep", "--split", "evaluation"]) == 0
+    assert seen == [("tuning", (1.0, 2.0), {"controller": {"objective": "throughput"}}),
+                    ("evaluation", None, {})]
+    out = capsys.readouterr().out
+    assert "tuning split, 64 requests per rate" in out
+    assert "2.00x (12.00 req/s): auto / off mean latency 0.750 (3.00 / 4.00 s), p99 1.200" in out
+    assert main(["bench", "sweep", "--policy-config", '{"controller": {"objective": "x"}}']) == 2
+    assert "--policy-config" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "sweep", "--fractions", "1,-2"])
+    assert e.value.code == 2
+    mismatches[0] = 1
+    assert main(["bench", "sweep"]) == 1
+    assert len(seen) == 3

@@ -116,6 +116,26 @@ def test_goodput_and_sweep_sections_on_the_shared_deployment(serving: Embedded) 
                                      and row["auto_p99_latency_s"] <= row["off_p99_latency_s"])
 
 
+def test_the_sweep_alone_on_tuning_prompts(serving: Embedded,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spin bench sweep``'s section: the tuning split's prompts at the fractions asked for."""
+    from spin.bench import policy_sweep
+
+    splits: list[str] = []
+
+    def recording(*args, split, **kwargs):  # type: ignore[no-untyped-def]
+        splits.append(split)
+        rows = build_workload(*args, split=split, **kwargs)
+        assert all(prompt_split(_id(w.prompt)) == split for w in rows)
+        return rows
+
+    monkeypatch.setattr(policy_sweep, "build_workload", recording)
+    sweep, mismatches = load_sweep(serving, Tiny(new_tokens=8), "tuning", (0.5,))
+    assert splits == ["tuning"] and mismatches == 0 and sweep["split"] == "tuning"
+    assert [r["load_fraction"] for r in sweep["rates"]] == [0.5]
+    assert sweep["rates"][0]["rate"] == pytest.approx(0.5 * sweep["capacity_req_s"])
+
+
 def _id(prompt: str) -> str:
     """The held-out prompt id of a prompt text."""
     return next(r["id"] for r in heldout_prompts(FAMILY_DIR) if r["prompt"] == prompt)

@@ -108,8 +108,12 @@ def test_requests_without_drafter_always_get_zero() -> None:
     assert c.choose([("b", None, 10)] * 3) == [0, 0, 0]
 
 
-def test_per_request_acceptance_drives_per_request_k() -> None:
-    c = _ctl(_compute_bound_model(), {"d": 0.8})
+@pytest.mark.parametrize("objective", ["throughput", "fair"])
+def test_per_request_acceptance_drives_per_request_k(objective: str) -> None:
+    # drafting costs mostly per token drafted (not per level), so one request's longer chain
+    # slows the others only by its own tokens
+    cost = CostModel(verify=(1e-2, 0.0, 1e-4, 0.0, 0.0), draft={"d": (2e-4, 1e-5, 1e-4, 0.0)})
+    c = _ctl(cost, {"d": 0.8}, objective=objective)
     for _ in range(20):
         c.observe("r0", "d", 4, 0)  # r0's drafts are always rejected
         c.observe("r1", "d", 4, 4)  # r1's always accepted
@@ -165,7 +169,15 @@ def test_pipelining_allows_longer_speculation() -> None:
     assert piped == 5 and plain < piped  # hidden behind the 10 ms verify up to 5 levels
 
 
-def test_choice_is_near_the_brute_force_optimum() -> None:
+def _objective(c: SpecLengthController, batch: list[tuple[str, str | None, int]],
+               ks: list[int] | tuple[int, ...]) -> float:
+    """The controller's objective (``cfg.objective``) of ``ks``, as ``predicted_goodput``."""
+    bt = c._batch(batch)
+    return bt.score(np.where(bt.eligible, np.asarray(ks, dtype=float), 0.0))
+
+
+@pytest.mark.parametrize("objective", ["throughput", "fair"])
+def test_choice_is_near_the_brute_force_optimum(objective: str) -> None:
     cost = CostModel(verify=(5e-3, 1e-5, 2e-4, 1e-8, 0.0),
                      draft={"d": (1e-3, 5e-4, 1e-5, 0.0), "e": (2e-4, 1.5e-3, 0.0, 0.0)})
     rng = np.random.default_rng(11)
@@ -173,18 +185,20 @@ def test_choice_is_near_the_brute_force_optimum() -> None:
         names = ["d", "e", PROMPT_LOOKUP]
         batch = [(f"r{i}", names[int(rng.integers(3))], int(rng.integers(50, 3000)))
                  for i in range(3)]
-        c = _ctl(cost, {n: float(rng.uniform(0.3, 0.95)) for n in names}, k_max=5, margin=0.0)
+        c = _ctl(cost, {n: float(rng.uniform(0.3, 0.95)) for n in names}, k_max=5, margin=0.0,
+                 objective=objective)
         ks = c.choose(batch)
-        best = max(c.predicted_goodput(batch, list(x))
-                   for x in itertools.product(range(6), repeat=3))
-        uniform = max(c.predicted_goodput(batch, [j] * 3) for j in range(6))
-        got = c.predicted_goodput(batch, ks)
+        best = max(_objective(c, batch, x) for x in itertools.product(range(6), repeat=3))
+        uniform = max(_objective(c, batch, [j] * 3) for j in range(6))
+        got = _objective(c, batch, ks)
         assert got >= uniform * (1 - 1e-12), trial  # never worse than SmartSpec's uniform scan
         assert got >= 0.98 * best, (trial, ks)
 
 
+@pytest.mark.parametrize("objective", ["throughput", "fair"])
 @pytest.mark.parametrize("pipelined", [False, True])
-def test_the_uniform_scan_matches_the_goodput_of_each_k(pipelined: bool) -> None:
+def test_the_uniform_scan_matches_the_objective_of_each_k(pipelined: bool,
+                                                          objective: str) -> None:
     cost = CostModel(verify=(5e-3, 1e-5, 2e-4, 1e-8, 3e-9),
                      draft={"d": (1e-3, 5e-4, 1e-5, 2e-8, 3e-5),
                             "e": (2e-4, 1.5e-3, 0.0, 0.0, 0.0)})
@@ -194,25 +208,29 @@ def test_the_uniform_scan_matches_the_goodput_of_each_k(pipelined: bool) -> None
         batch = [(f"r{i}", names[int(rng.integers(5))], int(rng.integers(50, 3000)))
                  for i in range(int(rng.integers(1, 7)))]
         c = _ctl(cost, {n: float(rng.uniform(0.0, 1.0)) for n in names if n}, k_max=6,
-                 pipelined=pipelined)
+                 pipelined=pipelined, objective=objective)
         bt = c._batch(batch, extra=int(rng.integers(0, 300)))
-        want = [bt.goodput(j * bt.eligible.astype(float)) for j in range(1, 7)]
+        want = [bt.score(j * bt.eligible.astype(float)) for j in range(1, 7)]
         assert bt.uniform_goodputs(6) == pytest.approx(want, rel=1e-12), trial
+        group = bt.idx == 0  # the first drafter's requests alone
+        want = [bt.score(j * (bt.eligible & group).astype(float)) for j in range(1, 7)]
+        assert bt.uniform_goodputs(6, group) == pytest.approx(want, rel=1e-12), trial
 
 
-def test_one_request_to_speculate_gets_the_smallest_best_k() -> None:
+@pytest.mark.parametrize("objective", ["throughput", "fair"])
+def test_one_request_to_speculate_gets_the_smallest_best_k(objective: str) -> None:
     rng = np.random.default_rng(5)
     for trial in range(40):
         cost = CostModel(verify=(float(rng.uniform(2e-3, 2e-2)), 1e-5,
                                  float(rng.uniform(0.0, 2e-3)), 1e-8, 0.0),
                          draft={"d": (float(rng.uniform(0.0, 3e-3)), float(rng.uniform(1e-4, 4e-3)),
                                       1e-5, 0.0)})
-        c = _ctl(cost, {"d": float(rng.uniform(0.05, 0.98))}, margin=0.0)
+        c = _ctl(cost, {"d": float(rng.uniform(0.05, 0.98))}, margin=0.0, objective=objective)
         batch = [("r0", "d", int(rng.integers(50, 3000))),  # with others that cannot speculate
                  *((f"o{i}", None, 100) for i in range(int(rng.integers(0, 3))))]
         (k, *rest) = c.choose(batch)
         assert rest == [0] * len(rest)
-        by_k = [c.predicted_goodput(batch, [j] + rest) for j in range(c.cfg.k_max + 1)]
+        by_k = [_objective(c, batch, [j] + rest) for j in range(c.cfg.k_max + 1)]
         assert by_k[k] == max(by_k[1:]) or (k == 0 and max(by_k[1:]) < by_k[0]), (trial, k)
         assert all(g < by_k[k] for g in by_k[1:k]), (trial, k)  # no smaller k does as well
 
@@ -224,6 +242,8 @@ def test_config_validation() -> None:
         ControllerConfig(prior_acceptance=1.5)
     with pytest.raises(ValueError):
         ControllerConfig(k_max=-1)
+    with pytest.raises(ValueError, match="objective must be"):
+        ControllerConfig(objective="fastest")  # type: ignore[arg-type]
 
 
 def test_calibration_converges_to_the_served_step_time() -> None:
@@ -247,3 +267,39 @@ def test_calibration_converges_to_the_served_step_time() -> None:
     assert on.predicted_step_s(batch, ks) == pytest.approx(served_verify + served_draft, rel=0.01)
     assert off.predicted_step_s(batch, ks) == pytest.approx(
         served_verify + served_draft - 0.009, rel=1e-9)
+
+
+def _rates(c: SpecLengthController, batch: list[tuple[str, str | None, int]],
+           ks: list[int]) -> np.ndarray:
+    """[B]: each request's predicted tokens per second under ``ks``."""
+    a = [c.tracker.get(r, d) if d is not None else 0.0 for r, d, _ in batch]
+    return np.array([expected_tokens(x, k) for x, k in zip(a, ks)]) / c.predicted_step_s(batch, ks)
+
+
+@pytest.mark.parametrize("a", [0.2, 0.5, 0.7, 0.9])
+def test_fair_objective_is_goodput_for_one_request(a: float) -> None:
+    for cost in (_compute_bound_model(), _flat_verify_model()):
+        ks = {obj: _ctl(cost, {"d": a}, objective=obj).choose(_batch(1))
+              for obj in ("throughput", "fair")}
+        assert ks["fair"] == ks["throughput"], (a, ks)
+
+
+def test_fair_objective_slows_the_requests_it_cannot_help_less() -> None:
+    """Compute-bound verification, 12 requests drafting well and 4 whose drafter fails: the
+    throughput objective speculates the 12 at k = 5, and the 4 keep under half their plain
+    rate; the fair objective stops at k = 3, keeping them at 0.56 of it, at a better geometric
+    mean of the requests' speedups, while the batch still gains half again."""
+    cost = CostModel(verify=(1e-2, 0.0, 3e-4, 0.0, 0.0),
+                     draft={"d": (2e-4, 2e-4, 1e-6, 0.0), "e": (2e-4, 2e-4, 1e-6, 0.0)})
+    batch = _batch(12) + [(f"s{i}", "e", 500) for i in range(4)]
+    plain = _rates(_ctl(cost), batch, [0] * len(batch))
+    ks, speedup = {}, {}
+    for obj in ("throughput", "fair"):
+        c = _ctl(cost, {"d": 0.9, "e": 0.02}, objective=obj)
+        ks[obj] = c.choose(batch)
+        speedup[obj] = _rates(c, batch, ks[obj]) / plain                        # [16]
+    assert ks["throughput"] == [5] * 12 + [0] * 4
+    assert ks["fair"] == [3] * 12 + [0] * 4
+    assert speedup["throughput"].min() < 0.45 < 0.55 < speedup["fair"].min()
+    geo = {obj: float(np.exp(np.log(s).mean())) for obj, s in speedup.items()}
+    assert geo["fair"] > geo["throughput"] and speedup["fair"].mean() > 1.5

@@ -5,19 +5,26 @@ once, requests per second = requests / wall seconds, with the router batching as
 serving. Then Poisson arrivals at fractions of that capacity, up to 2x (past saturation a queue
 builds); at each rate the same requests with speculation auto and off, greedy, every output
 compared with off's (lossless). Mean and p99 end-to-end latency per mode and rate, and a PNG.
+
+``spin bench sweep`` runs this section alone, on the **tuning** split by default and with the
+learned policy's settings overridden (``--policy-config``), to tune the policy under load without
+looking at the prompts ``spin bench policy`` times.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
 from loadgen.workload import Request, arrival_times, build_workload
 
-from ..serve import Embedded
+from ..router.config import RouterConfig
+from ..serve import Embedded, ServeConfig
+from ..zoo.corpus import PromptSplit
 from .policy_config import PolicyBenchConfig, run_requests
 
 MODES = ("auto", "off")
@@ -29,17 +36,19 @@ def _p99(values: list[float]) -> float:
     return v[min(len(v) - 1, math.ceil(0.99 * len(v)) - 1)]
 
 
-def load_sweep(emb: Embedded, cfg: PolicyBenchConfig) -> tuple[dict, int]:
-    """The section's report and its lossless mismatches."""
+def load_sweep(emb: Embedded, cfg: PolicyBenchConfig, split: PromptSplit = "evaluation",
+               fractions: tuple[float, ...] | None = None) -> tuple[dict, int]:
+    """The section's report and its lossless mismatches: ``split``'s prompts at ``fractions``
+    of the capacity (default ``cfg.load_fractions``)."""
     rows = build_workload(cfg.sweep_requests, seed=cfg.seed + 1, family_dir=cfg.family_dir,
-                          split="evaluation")
+                          split=split)
     res, wall = run_requests(emb.endpoint, rows, "off", 0, cfg, "capacity (off, all at once)",
                              concurrency=len(rows))
     reference = [r.token_ids for r in res]
     capacity = len(rows) / wall
     mismatches = 0
     out: list[dict] = []
-    for frac in tqdm(cfg.load_fractions, desc="load sweep", unit="rate"):
+    for frac in tqdm(fractions or cfg.load_fractions, desc="load sweep", unit="rate"):
         rate = frac * capacity
         times = arrival_times(len(rows), rate, 1.0, cfg.seed)
         reqs = [Request(w.index, w.domain, w.prompt, t) for w, t in zip(rows, times)]
@@ -62,7 +71,20 @@ def load_sweep(emb: Embedded, cfg: PolicyBenchConfig) -> tuple[dict, int]:
                                  and row["auto_p99_latency_s"] <= row["off_p99_latency_s"])
         out.append(row)
     return {"capacity_req_s": capacity, "capacity_tokens_s": capacity * cfg.new_tokens,
-            "requests_per_rate": len(rows), "rates": out}, mismatches
+            "requests_per_rate": len(rows), "split": split, "rates": out}, mismatches
+
+
+def run_sweep_bench(cfg: PolicyBenchConfig, split: PromptSplit = "tuning",
+                    fractions: tuple[float, ...] | None = None,
+                    policy_config: dict | None = None) -> dict:
+    """``spin bench sweep``: the load section alone on a fresh deployment whose learned policy
+    has ``policy_config``'s overrides; its report plus ``lossless_mismatches``."""
+    router = RouterConfig(policy="learned", policy_config=policy_config or {},
+                          cost_model=str(cfg.cost_model) if cfg.cost_model else None)
+    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
+                              log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-sweep-")))) as emb:
+        report, mismatches = load_sweep(emb, cfg, split, fractions)
+    return {**report, "policy_config": policy_config or {}, "lossless_mismatches": mismatches}
 
 
 def plot_sweep(sweep: dict, path: Path) -> None:

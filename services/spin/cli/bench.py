@@ -10,11 +10,11 @@ from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|services|api|policy|fit|ab``."""
+    """``spin bench engine|attention|services|api|policy|sweep|fit|ab``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
-    for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_fit,
-                _add_ab):
+    for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
+                _add_fit, _add_ab):
         add(bsub)
 
 
@@ -77,6 +77,32 @@ def _add_policy(bsub: argparse._SubParsersAction) -> None:
     bp.add_argument("--json", help="write the report here (and the latency plot beside it)")
     bp.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bp.set_defaults(func=_bench_policy)
+
+
+def _add_sweep(bsub: argparse._SubParsersAction) -> None:
+    bs = bsub.add_parser("sweep", help="spin bench policy's load sweep alone (auto vs off under "
+                         "Poisson load), on the tuning split, with policy settings to try")
+    bs.add_argument("--split", choices=("tuning", "evaluation"), default="tuning",
+                    help="prompts to send (default tuning: evaluation is what spin bench policy "
+                         "times)")
+    bs.add_argument("--fractions", type=_fractions, default=None,
+                    help="rates as fractions of the batched capacity of speculation off, comma "
+                         "separated (default: spin bench policy --quick's 0.25,0.5,1,2)")
+    bs.add_argument("--policy-config", default="{}",
+                    help="JSON overrides of the learned policy (like spin serve's)")
+    bs.add_argument("--json", help="write the report as JSON to this file")
+    bs.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bs.set_defaults(func=_bench_sweep)
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not out or any(not 0 < f <= 10 for f in out):
+        raise argparse.ArgumentTypeError(f"fractions must be in (0, 10], got {text!r}")
+    return out
 
 
 def _add_fit(bsub: argparse._SubParsersAction) -> None:
@@ -282,6 +308,29 @@ def _bench_fit(args: argparse.Namespace) -> int:
         print(f"  {name:18s} {v['all']:.2f} | {fit} ({v['best_fit_requests']} requests)")
     write_json(args.json, r)
     return 0
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from ..bench.policy_config import PolicyBenchConfig
+    from ..bench.policy_sweep import run_sweep_bench
+
+    try:
+        overrides = policy_overrides(args.policy_config)
+    except ValueError as e:
+        return fail("bench sweep", f"--policy-config: {e}")
+    r = run_sweep_bench(PolicyBenchConfig(family_dir=args.family_dir, quick=True), args.split,
+                        args.fractions, overrides)
+    print(f"{r['split']} split, {r['requests_per_rate']} requests per rate, greedy; batched "
+          f"capacity of speculation off {r['capacity_req_s']:.2f} req/s")
+    for row in r["rates"]:
+        print(f"{row['load_fraction']:4.2f}x ({row['rate']:5.2f} req/s): auto / off mean latency "
+              f"{row['auto_mean_latency_s'] / row['off_mean_latency_s']:.3f} "
+              f"({row['auto_mean_latency_s']:.2f} / {row['off_mean_latency_s']:.2f} s), p99 "
+              f"{row['auto_p99_latency_s'] / row['off_p99_latency_s']:.3f} "
+              f"({row['auto_p99_latency_s']:.2f} / {row['off_p99_latency_s']:.2f} s)")
+    print(f"lossless mismatches: {r['lossless_mismatches']}")
+    write_json(args.json, r)
+    return 0 if r["lossless_mismatches"] == 0 else 1
 
 
 def _bench_ab(args: argparse.Namespace) -> int:

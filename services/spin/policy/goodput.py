@@ -13,26 +13,38 @@ with drafters running concurrently (hence the max) and, when ``pipelined`` (SPIN
 overlaps drafting of one micro-batch with verification of another), T(k) = max(draft, verify)
 instead of the sum. Times come from ``cost_model.CostModel``.
 
-Acceptance a_i is tracked per (request, drafter) by ``AcceptanceTracker`` (``acceptance.py``): a
-discounted maximum-likelihood estimate for chains that stop at their first rejection, seeded at
-the drafter's population rate.
+The controller maximises G(k) (``objective="throughput"``) or, by default, the *fair* objective
+
+    F(k) = B · (Π_i E(a_i, k_i))^(1/B) / T(k)      (= G(k) for one request)
+
+B times the geometric mean of the requests' own tokens per second (proportional fairness). Every
+request pays for a longer step; G counts only the sum, so on compute-bound verification (a CPU,
+or a GPU at a large batch) it lets the requests that draft well speculate long while one that
+drafts badly, at k = 0, gets one token from a step several times as long: past saturation that
+request is the latency tail. F weighs each request's slowdown. ``spin bench sweep --fractions
+1,2`` (the load sweep of ``spin bench policy`` on the tuning split, a fresh deployment per run),
+at twice the batched capacity of speculation off, auto / off: mean latency 0.64 and 0.74 with F
+against 0.73 and 0.78 with G, slowest request (p99 of 64) 0.80 and 1.07 against 1.03 and 0.99
+(0.97 in a third run of G, ``spin bench sweep``); at capacity, mean 0.61 and 0.52 against 0.65
+and 0.60. Six more runs of the same sweep through a script gave p99 0.87-0.95 (F, three runs)
+against 1.02-1.08 (G, three runs). The tail stays noisy either way: it is one request of 64.
 
 Search: greedy coordinate ascent. From all k = 0 repeatedly apply the single ±1 change of one
-request's k (0..k_max) with the best goodput; stop when none improves. Because a drafter call has a
-fixed cost (launch, one forward per level), the first +1 alone may not pay while k = 3 does, so the
-ascent is also run from the best *uniform* k (SmartSpec's scan of k = 0..k_max) and the better end
-point wins. With one request to speculate (a request alone: the light-load case) that scan is
-exhaustive and decides by itself (the smallest best k): the two ascents cost the router about
-1 ms of Python per step there. Finally the margin rule: unless the best goodput beats all-zeros
-by ``margin``, every request gets k = 0. Without a cost model the controller uses a batch-size →
-k table (Synergy).
+request's k (0..k_max) with the best objective; stop when none improves. Because a drafter call
+has a fixed cost (launch, one forward per level), the first +1 alone may not pay while k = 3 does,
+so the ascent is also run from the best *uniform* k (SmartSpec's scan of k = 0..k_max, over all
+requests and over each drafter's requests alone) and the better end point wins. With one request
+to speculate (a request alone: the light-load case) that scan is exhaustive and decides by itself
+(the smallest best k): the two ascents cost the router about 1 ms of Python per step there.
+Finally the margin rule: unless the best objective beats all-zeros by ``margin``, every request
+gets k = 0. Without a cost model the controller uses a batch-size → k table (Synergy).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -83,6 +95,12 @@ class ControllerConfig:
     """Weight of the population seed, in pseudo draft tokens (trials) at the population rate."""
     pipelined: bool = False
     """Step time = max(draft, verify) (SPIN's pipeline) instead of draft + verify."""
+    objective: Literal["throughput", "fair"] = "fair"
+    """What a step's k maximise: "throughput", the batch's expected tokens per second (SmartSpec's
+    goodput); "fair", B times the geometric mean of each request's expected tokens per second
+    (proportional fairness), which counts every request's slowdown from a longer step, so a
+    request that gains little is not slowed for the others' speculation. The same for one
+    request alone."""
     calibration: float = 0.1
     """Online calibration of the cost model in serving: after each step, each part's per-call
     constant moves this fraction of its error (measured - predicted), so round trips and service
@@ -95,6 +113,8 @@ class ControllerConfig:
             raise ValueError(f"invalid controller config {self}")
         if not 0.0 <= self.calibration <= 1.0:
             raise ValueError(f"calibration must be in [0, 1], got {self.calibration}")
+        if self.objective not in ("throughput", "fair"):
+            raise ValueError(f"objective must be 'throughput' or 'fair', got {self.objective!r}")
 
 
 def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.ndarray | float:
@@ -106,8 +126,8 @@ class _Batch:
     """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
 
     def __init__(self, cost: CostModel, batch: list[tuple[str, str | None, int]],
-                 acc: np.ndarray, pipelined: bool, extra: int = 0) -> None:
-        self.cost, self.pipelined, self.extra = cost, pipelined, extra
+                 acc: np.ndarray, pipelined: bool, extra: int = 0, fair: bool = False) -> None:
+        self.cost, self.pipelined, self.extra, self.fair = cost, pipelined, extra, fair
         self.names = sorted({d for _, d, _ in batch if d is not None and cost.has_drafter(d)})
         pos = {d: i for i, d in enumerate(self.names)}
         self.idx = np.array([pos.get(d, -1) if d is not None else -1 for _, d, _ in batch],
@@ -150,33 +170,63 @@ class _Batch:
     def goodput(self, k: np.ndarray) -> float:
         return float(_expected_tokens_v(self.a, k).sum()) / self.step_s(k)
 
-    def uniform_goodputs(self, k_max: int) -> np.ndarray:
-        """[k_max]: ``goodput(j * eligible)`` for j = 1..k_max, in one vectorised pass (a
-        step's choice scans them all; one call each cost about 40 us of numpy overhead)."""
+    def _tokens(self, e: np.ndarray) -> np.ndarray | float:
+        """The objective's tokens per step from expected tokens ``e`` [..., B]: their sum, or
+        (fair) B times their geometric mean."""
+        if self.fair:
+            return self.b * np.exp(np.log(e).mean(axis=-1))
+        return e.sum(axis=-1)
+
+    def score(self, k: np.ndarray) -> float:
+        """The objective of ``k``: ``goodput``, or (fair) B times the geometric mean of the
+        requests' tokens per second."""
+        return float(self._tokens(_expected_tokens_v(self.a, k))) / self.step_s(k)
+
+    def uniform_goodputs(self, k_max: int, group: np.ndarray | None = None) -> np.ndarray:
+        """[k_max]: ``score(j * group)`` for j = 1..k_max, in one vectorised pass (a step's
+        choice scans them all; one call each cost about 40 us of numpy overhead). ``group``:
+        [B] bool, the eligible requests set to j (default all), the others at 0."""
         j = np.arange(1, k_max + 1, dtype=float)[:, None]                         # [J, 1]
-        e = self.eligible
+        e = self.eligible if group is None else self.eligible & group             # [B]
         nd = len(self.names)
         act = np.bincount(self.idx[e], minlength=nd).astype(float)               # [D]
         ctx = np.bincount(self.idx[e], weights=self.ctx[e], minlength=nd)        # [D]
-        # every eligible request at k = j: per drafter max k = j, Σk = j·A, Σk·ctx = j·Σctx
+        # every request of the group at k = j: per drafter max k = j, Σk = j·A, Σk·ctx = j·Σctx
         drafts = self.draft_time(np.arange(nd), j * (act > 0), act, j * act, j * ctx)  # [J, D]
         drafts = drafts.max(axis=1, initial=0.0)                                  # [J]
         scored = self.b + self.extra + j[:, 0] * float(e.sum())                   # [J]
         verify = self.cost.predict_verify(self.b, scored, int(self.c_total))      # [J]
         k = j * e[None, :]                                                        # [J, B]
-        tokens = _expected_tokens_v(self.a[None, :], k).sum(axis=1)               # [J]
+        tokens = self._tokens(_expected_tokens_v(self.a[None, :], k))             # [J]
         return tokens / self.combine(drafts, verify)
+
+    def uniform_start(self, k_max: int) -> tuple[np.ndarray, list[float]]:
+        """The best uniform start for the ascent ([B]) and the scan over all eligible requests
+        (``uniform_goodputs``). With several drafters each one's requests are also scanned alone
+        (a drafter's call has a fixed cost its requests share, which single ±1 steps of the
+        ascent cannot climb over; the fair objective often wants only some drafters on)."""
+        by_j = self.uniform_goodputs(k_max)
+        groups = [self.eligible] + ([self.idx == d for d in range(len(self.names))]
+                                    if len(self.names) > 1 else [])
+        best_g, best_k = -1.0, np.zeros(self.b)
+        for i, g in enumerate(groups):
+            scan = by_j if i == 0 else self.uniform_goodputs(k_max, g)
+            j = int(np.argmax(scan))
+            if scan[j] > best_g:
+                best_g, best_k = float(scan[j]), (j + 1) * (self.eligible & g).astype(float)
+        return best_k, by_j.tolist()
 
     def ascend(self, k: np.ndarray, k_max: int) -> tuple[np.ndarray, float]:
         """Greedy ±1 coordinate ascent from ``k``; returns the end point and its goodput."""
         k = k.copy()
-        g = self.goodput(k)
+        g = self.score(k)
         all_d = np.arange(len(self.names))
         for _ in range(4 * (k_max + 1) * max(self.b, 1)):  # strictly increasing: a safety cap
             kmax, cnt, act, sk, skc = self.aggregates(k)
             drafts = self.draft_time(all_d, kmax, act, sk, skc)
             others = np.array([np.delete(drafts, d).max(initial=0.0) for d in all_d])
-            tokens = float(_expected_tokens_v(self.a, k).sum())
+            e = _expected_tokens_v(self.a, k)                                     # [B]
+            tokens, log_e = float(e.sum()), float(np.log(e).sum())
             scored = float((k + 1).sum())
             best_g, best_i, best_step = g, -1, 0
             threshold = g * (1 + 1e-12)
@@ -196,7 +246,11 @@ class _Batch:
                 new_draft = self.draft_time(d, new_max, new_act, sk[d] + step,
                                             skc[d] + step * ci)
                 t = self.combine(np.maximum(new_draft, others[d]), self.verify(scored + step))
-                cand = (tokens + gain) / t
+                if self.fair:
+                    new = self.b * np.exp((log_e - np.log(e[i]) + np.log(e[i] + gain)) / self.b)
+                else:
+                    new = tokens + gain
+                cand = new / t
                 j = int(np.argmax(cand))
                 if cand[j] > max(best_g, threshold):
                     best_g, best_i, best_step = float(cand[j]), int(i[j]), step
@@ -237,7 +291,8 @@ class SpecLengthController:
         assert self.cost is not None
         acc = np.array([self.tracker.get(r, d) if d is not None else 0.0 for r, d, _ in batch],
                        dtype=float)
-        return _Batch(self.cost, batch, acc, self.cfg.pipelined, extra)
+        return _Batch(self.cost, batch, acc, self.cfg.pipelined, extra,
+                      self.cfg.objective == "fair")
 
     def choose(self, batch: list[tuple[str, str | None, int]], extra: int = 0) -> list[int]:
         """k in 0..k_max per (request_id, drafter or None, context_len); None → 0. A drafter the
@@ -251,18 +306,17 @@ class SpecLengthController:
             return [k if d is not None else 0 for _, d, _ in batch]
         bt = self._batch(batch, extra)
         zero = np.zeros(len(batch))
-        g0 = bt.goodput(zero)
+        g0 = bt.score(zero)
         if not bt.eligible.any() or self.cfg.k_max == 0:
             return [0] * len(batch)
-        by_j = bt.uniform_goodputs(self.cfg.k_max).tolist()
+        start, by_j = bt.uniform_start(self.cfg.k_max)
         if bt.eligible.sum() == 1:  # one request's k: the scan above is exhaustive
             top = max(by_j)
             j = next(j for j, g in enumerate(by_j, 1) if g >= top * (1 - 1e-12))  # smallest
             best_k, best_g = j * bt.eligible.astype(float), by_j[j - 1]
         else:
             best_k, best_g = bt.ascend(zero, self.cfg.k_max)
-            uniform = max(zip(by_j, range(1, self.cfg.k_max + 1)))
-            k_u, g_u = bt.ascend(uniform[1] * bt.eligible.astype(float), self.cfg.k_max)
+            k_u, g_u = bt.ascend(start, self.cfg.k_max)
             if g_u > best_g:
                 best_k, best_g = k_u, g_u
         if best_g < (1 + self.cfg.margin) * g0:

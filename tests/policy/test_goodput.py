@@ -211,10 +211,10 @@ def test_the_uniform_scan_matches_the_objective_of_each_k(pipelined: bool,
                  pipelined=pipelined, objective=objective)
         bt = c._batch(batch, extra=int(rng.integers(0, 300)))
         want = [bt.score(j * bt.eligible.astype(float)) for j in range(1, 7)]
-        assert bt.uniform_goodputs(6) == pytest.approx(want, rel=1e-12), trial
+        assert bt.uniform_scores(6) == pytest.approx(want, rel=1e-12), trial
         group = bt.idx == 0  # the first drafter's requests alone
         want = [bt.score(j * (bt.eligible & group).astype(float)) for j in range(1, 7)]
-        assert bt.uniform_goodputs(6, group) == pytest.approx(want, rel=1e-12), trial
+        assert bt.uniform_scores(6, group) == pytest.approx(want, rel=1e-12), trial
 
 
 @pytest.mark.parametrize("objective", ["throughput", "fair"])

@@ -13,6 +13,10 @@ with drafters running concurrently (hence the max) and, when ``pipelined`` (SPIN
 overlaps drafting of one micro-batch with verification of another), T(k) = max(draft, verify)
 instead of the sum. Times come from ``cost_model.CostModel``.
 
+Acceptance a_i is tracked per (request, drafter) by ``AcceptanceTracker`` (``acceptance.py``): a
+discounted maximum-likelihood estimate for chains that stop at their first rejection, seeded at
+the drafter's population rate.
+
 The controller maximises G(k) (``objective="throughput"``) or, by default, the *fair* objective
 
     F(k) = B · (Π_i E(a_i, k_i))^(1/B) / T(k)      (= G(k) for one request)
@@ -182,7 +186,7 @@ class _Batch:
         requests' tokens per second."""
         return float(self._tokens(_expected_tokens_v(self.a, k))) / self.step_s(k)
 
-    def uniform_goodputs(self, k_max: int, group: np.ndarray | None = None) -> np.ndarray:
+    def uniform_scores(self, k_max: int, group: np.ndarray | None = None) -> np.ndarray:
         """[k_max]: ``score(j * group)`` for j = 1..k_max, in one vectorised pass (a step's
         choice scans them all; one call each cost about 40 us of numpy overhead). ``group``:
         [B] bool, the eligible requests set to j (default all), the others at 0."""
@@ -202,22 +206,22 @@ class _Batch:
 
     def uniform_start(self, k_max: int) -> tuple[np.ndarray, list[float]]:
         """The best uniform start for the ascent ([B]) and the scan over all eligible requests
-        (``uniform_goodputs``). With several drafters each one's requests are also scanned alone
+        (``uniform_scores``). With several drafters each one's requests are also scanned alone
         (a drafter's call has a fixed cost its requests share, which single ±1 steps of the
         ascent cannot climb over; the fair objective often wants only some drafters on)."""
-        by_j = self.uniform_goodputs(k_max)
+        by_j = self.uniform_scores(k_max)
         groups = [self.eligible] + ([self.idx == d for d in range(len(self.names))]
                                     if len(self.names) > 1 else [])
         best_g, best_k = -1.0, np.zeros(self.b)
         for i, g in enumerate(groups):
-            scan = by_j if i == 0 else self.uniform_goodputs(k_max, g)
+            scan = by_j if i == 0 else self.uniform_scores(k_max, g)
             j = int(np.argmax(scan))
             if scan[j] > best_g:
                 best_g, best_k = float(scan[j]), (j + 1) * (self.eligible & g).astype(float)
         return best_k, by_j.tolist()
 
     def ascend(self, k: np.ndarray, k_max: int) -> tuple[np.ndarray, float]:
-        """Greedy ±1 coordinate ascent from ``k``; returns the end point and its goodput."""
+        """Greedy ±1 coordinate ascent from ``k``; returns the end point and its ``score``."""
         k = k.copy()
         g = self.score(k)
         all_d = np.arange(len(self.names))

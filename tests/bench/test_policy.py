@@ -10,7 +10,8 @@ import pytest
 
 from spin.bench.pipeline import pipeline, shared_cores
 from loadgen.workload import build_workload
-from spin.bench.policy_config import GREEDY, SAMPLED, PolicyBenchConfig
+from spin.bench.policy_config import (GREEDY, SAMPLED, PolicyBenchConfig, round_seed,
+                                      run_requests)
 from spin.bench.policy_goodput import (best_fixed, goodput, grid, held_out, medians,
                                        model_and_lookup_drafters, per_request_best)
 from spin.bench.policy_sweep import load_sweep
@@ -114,6 +115,24 @@ def test_goodput_and_sweep_sections_on_the_shared_deployment(serving: Embedded) 
     assert row["rate"] == pytest.approx(2.0 * sweep["capacity_req_s"])
     assert row["auto_not_worse"] == (row["auto_mean_latency_s"] <= row["off_mean_latency_s"]
                                      and row["auto_p99_latency_s"] <= row["off_p99_latency_s"])
+
+
+def test_each_pass_of_a_sampled_workload_draws_new_outputs(serving: Embedded) -> None:
+    """A pass replays its own seeds (every configuration of a pass samples the same way), and
+    the next pass draws new ones, so a choice timed on another pass cannot keep the luck of the
+    outputs it was chosen on; greedy outputs are the same in every pass."""
+    cfg = Tiny(new_tokens=8)
+    workload = build_workload(2, seed=0, split="evaluation")
+
+    def outputs(sampling, rnd: int) -> list[list[int]]:
+        res, _ = run_requests(serving.endpoint, workload, "off", 0, cfg, "pass",
+                              progress=False, sampling=sampling, rnd=rnd)
+        return [r.token_ids for r in res]
+
+    first = outputs(SAMPLED, 0)
+    assert outputs(SAMPLED, 0) == first != outputs(SAMPLED, 1)
+    assert outputs(GREEDY, 0) == outputs(GREEDY, 1)
+    assert round_seed(5, 0) == 5 and round_seed(5, 2) - round_seed(5, 1) > cfg.requests
 
 
 def test_the_sweep_alone_on_tuning_prompts(serving: Embedded,

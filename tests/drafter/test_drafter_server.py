@@ -274,11 +274,31 @@ def test_score_task_reports_agreement_and_drafts_nothing(service, reference, pro
     assert not res.resync and len(res.tree.tokens) == 0
     assert res.score_positions == len(ctx) - 10
     assert (res.score_matches, res.score_positions) == tuple(
-        reference.score([DraftRequest("ref-s", ctx, 0)], [10])[0])
+        reference.score([DraftRequest("ref-s", ctx, 0)], [10])[0][:2])
+    assert res.score_acceptance_positions == 0  # greedy: no estimate
     reference.release("ref-s")
     # the prefill is kept: a follow-up draft needs only the delta
     (res,) = service.run_batch(_batch(_task("s", len(ctx), (), k=4), batch_id=2)).results
     assert tuple(res.tree.tokens) == _ref(reference, ctx).tokens
+
+
+def test_a_sampled_score_task_reports_the_acceptance_estimate(service, reference,
+                                                             prompts) -> None:
+    """With the target's probabilities of the context, a sampling request's score also reports
+    the engine's acceptance estimate (``Score.accepted``) and the positions it covers."""
+    ctx = prompts[0]
+    sampling = SamplingParams(temperature=1.5, top_k=2000, seed=2)
+    probs = [0.0] * 10 + [0.1 + 0.8 * (j % 5) / 4 for j in range(len(ctx) - 10)]
+    task = _task("s", 0, ctx, k=0, sampling=sampling)
+    task.score, task.score_from = True, 10
+    task.context_probs.extend(probs)
+    (res,) = service.run_batch(_batch(task)).results
+    want = reference.score([DraftRequest("ref-s", ctx, 0, sampling=sampling,
+                                         context_probs=probs)], [10])[0]
+    reference.release("ref-s")
+    assert res.score_acceptance_positions == want.accepted_positions == len(ctx) - 10
+    assert res.score_acceptance == pytest.approx(want.accepted, rel=1e-5) and want.accepted > 0
+    assert (res.score_matches, res.score_positions) == (want.matches, want.positions)
 
 
 def test_stop_below_ends_the_chain_as_the_engine_does(service, reference, prompts) -> None:

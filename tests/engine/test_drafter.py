@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spin.engine.drafter import DraftRequest, ModelDrafter, PromptLookupDrafter
+from spin.engine.drafter import DraftRequest, ModelDrafter, PromptLookupDrafter, Score
 from spin.engine.model_runner import ModelRunner
 from spin.engine.prompt_lookup import prompt_lookup
 from spin.engine.sampling import SamplingParams, probs_from_logits
@@ -163,18 +163,48 @@ def test_score_is_greedy_agreement_and_its_prefill_is_reused(drafter: ModelDraft
     ctx = (5, 17, 300, 42, 9, 17, 300, 42, 8, 77, 5, 17)
     pred = draft_model(input_ids=torch.tensor([ctx])).logits[0].argmax(-1).tolist()
     want = sum(pred[j - 1] == ctx[j] for j in range(6, len(ctx)))  # positions 6.. only
-    assert drafter.score([DraftRequest("s", ctx, 0)], [6]) == [(want, len(ctx) - 6)]
+    assert drafter.score([DraftRequest("s", ctx, 0)], [6]) == [Score(want, len(ctx) - 6)]
     longer = ctx + (300, 42)
     # a later round scores only tokens after ones the cache had not seen: the last new one (the
     # first new one was predicted from the previous round's last token)
     later = drafter.score([DraftRequest("s", (300, 42), 0, keep=len(ctx))], [6])
-    assert later == [(int(int(draft_model(input_ids=torch.tensor([longer[:13]])).logits[0, -1]
-                              .argmax()) == longer[13]), 1)]
+    assert later == [Score(int(int(draft_model(input_ids=torch.tensor([longer[:13]])).logits[0, -1]
+                                   .argmax()) == longer[13]), 1)]
     tree = drafter.propose([DraftRequest("s", (), 3, keep=len(longer))])[0]  # the kept prefill
     drafter.release("s")
     fresh = drafter.propose([DraftRequest("t", longer, 3)])[0]
     drafter.release("t")
     assert tree.tokens == fresh.tokens
+
+
+@torch.inference_mode()
+def test_a_sampled_score_estimates_acceptance_from_the_target_probabilities(
+        drafter: ModelDrafter, draft_model) -> None:
+    """With the target's probability p(x) of each output token, a sampling request's score adds
+    min(1, q(x) / p(x)) over the scored positions whose p is known (q: the drafter's processed
+    distribution); a greedy request's score has no such estimate."""
+    ctx = (5, 17, 300, 42, 9, 17, 300, 42, 8, 77, 5, 17)
+    p = [0.0] * 6 + [0.5, 0.2, 0.0, 0.05, 0.9, 0.3]  # the prompt's and position 8 unknown
+    params = SamplingParams(temperature=1.5, top_k=2000, seed=1)  # q(x) > 0 for these tokens
+    q = probs_from_logits(draft_model(input_ids=torch.tensor([ctx])).logits[0], params)
+    want = sum(min(1.0, float(q[j - 1, ctx[j]]) / p[j]) for j in range(6, len(ctx)) if p[j])
+    greedy = draft_model(input_ids=torch.tensor([ctx])).logits[0].argmax(-1).tolist()
+    matches = sum(greedy[j - 1] == ctx[j] for j in range(6, len(ctx)))
+    got = drafter.score([DraftRequest("s", ctx, 0, sampling=params, context_probs=p)], [6])[0]
+    drafter.release("s")
+    assert (got.matches, got.positions, got.accepted_positions) == (matches, 6, 5)
+    assert got.accepted == pytest.approx(want, rel=1e-4) and want > 0
+    # a later round: the probabilities line up with the delta (positions keep, keep + 1, ...);
+    # it scores position 11 only (10 follows a token the cache had seen)
+    drafter.score([DraftRequest("s", ctx[:10], 0, sampling=params)], [6])
+    later = drafter.score([DraftRequest("s", ctx[10:], 0, sampling=params, keep=10,
+                                        context_probs=p[10:])], [6])[0]
+    drafter.release("s")
+    assert (later.positions, later.accepted_positions) == (1, 1)
+    assert later.accepted == pytest.approx(min(1.0, float(q[10, ctx[11]]) / p[11]), rel=1e-4)
+    plain = drafter.score([DraftRequest("g", ctx, 0, context_probs=p)], [6])[0]
+    drafter.release("g")
+    assert plain == Score(matches, 6)
 
 
 def _ctx(seed: int, n: int) -> tuple[int, ...]:

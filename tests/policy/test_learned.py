@@ -201,6 +201,26 @@ def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
         policy.close()
 
 
+def test_a_sampled_score_s_acceptance_estimate_replaces_its_greedy_matches() -> None:
+    """For a sampling request the drafter's estimate of what its sampled drafts get accepted is
+    the acceptance evidence: greedy agreement with sampled output understates it."""
+    pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    rates = {}
+    for accepted in (None, 40.0):
+        policy = LearnedPolicy(learned_config({"prompt_fit": False}), cost=_cost(),
+                               population=lambda: pop)
+        try:
+            (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
+            policy.observe("p", c, 0, 0.004, 0.011)
+            policy.choose([_generated("p", policy.cfg.score_after)], DRAFTERS)
+            policy.observe_score("p", "draft-prose", 16, 64, accepted)
+            rates[accepted] = policy.controller.tracker.get("p", "draft-prose")
+        finally:
+            policy.close()
+    assert rates[None] < 0.35 and rates[40.0] > 0.55
+
+
 def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() -> None:
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
            PROMPT_LOOKUP: _stats(100, 60)}

@@ -30,6 +30,11 @@ V = 97
 """The toy model's vocabulary."""
 
 
+def token_prob(token: int) -> float:
+    """The fake verifier's probability of a token it emits for a sampling request."""
+    return (token % 10 + 1) / 20
+
+
 def nxt(last: int, v: int = V) -> int:
     """The toy target's next token."""
     return (last + 1) % v
@@ -118,7 +123,8 @@ class FakeVerifier(FakeService):
             else:
                 tokens = self._walk(t.tree, ctx[-1])
                 ctx.extend(tokens)
-                results.append(VerifyResult(t.request_id, tokens, len(tokens) - 1))
+                results.append(VerifyResult(t.request_id, tokens, len(tokens) - 1, token_probs=[
+                    token_prob(x) for x in tokens] if not t.sampling.greedy else []))
         return VerifyReply(results, 0.001, self.free_blocks, self.num_blocks)
 
     def _walk(self, tree: TokenTree | None, last: int) -> list[int]:
@@ -149,6 +155,12 @@ class FakeDrafter(FakeService):
             ctx = self._sync(t)
             if ctx is None:
                 results.append(DraftResult(t.request_id, resync=True))
+            elif t.k <= 0 and t.context_probs:  # echoes the target's probabilities it got
+                known = [p for p in t.context_probs if p > 0]
+                results.append(DraftResult(t.request_id, score_matches=0,
+                                           score_positions=len(known),
+                                           score_acceptance=sum(known),
+                                           score_acceptance_positions=len(known)))
             elif t.k <= 0:
                 n = len(ctx) - t.score_from if t.score else 0
                 results.append(DraftResult(t.request_id, score_matches=n, score_positions=n))
@@ -171,6 +183,7 @@ class Recording(FixedPolicy):
         self.observed: list[tuple[str, StepChoice, int]] = []
         self.ranks: list = []
         self.scores: list[tuple[str, int, int]] = []
+        self.accepted: list[float | None] = []
         self.steps: list[StepPrediction] = []
         self.released: list[str] = []
 
@@ -187,8 +200,10 @@ class Recording(FixedPolicy):
         self.observed.append((request_id, choice, accepted))
         self.ranks.append(ranks)
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
+                      accepted: float | None = None) -> None:
         self.scores.append((drafter, matches, positions))
+        self.accepted.append(accepted)
 
     def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
                      verify_s: float) -> None:
@@ -478,6 +493,36 @@ def test_prompt_lookup_rounds_score_each_generated_token_once() -> None:
         assert positions[0] == 0 and set(positions[1:]) == {1}
         hits = [m for _, m, _ in policy.scores]
         assert hits[1:3] == [0, 0] and hits[-1] == 1  # 0 and 1 are new; the rest repeats
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_sampling_request_s_scoring_calls_carry_the_target_s_probabilities(greedy) -> None:
+    """The verifier's probability of each emitted token travels, aligned, with the next scoring
+    call's delta; the drafter's acceptance estimate reaches the policy. Greedy requests send
+    none and their scores carry no estimate."""
+    async def go() -> None:
+        class Probe(Recording):
+            def choose(self, requests, available):
+                return StepPlan([StepChoice(None, score=("fake",)) for _ in requests])
+
+        policy, drafter = Probe(), FakeDrafter(2)
+        sched = scheduler(policy, {"fake": drafter})
+        sampling = SamplingParams() if greedy else SamplingParams(temperature=0.8, seed=3)
+        r = RouterRequest("r", (1, 2, 3), 8, sampling)
+        sched.submit(r)
+        await steps(sched)
+        out = expected((1, 2, 3), 8)
+        assert r.generated == out
+        sent = [t.context_probs for t in drafter.tasks()]
+        if greedy:
+            assert r.token_probs == [] and all(not p for p in sent)
+            assert set(policy.accepted) == {None}
+            return
+        assert r.token_probs == [token_prob(x) for x in out]
+        # step 1 scores the prompt (no probabilities); then each call brings the last token's
+        assert sent[0] == [] and sent[1:] == [[token_prob(x)] for x in out[:-1]]
+        assert policy.accepted[1:] == [token_prob(x) for x in out[:-1]]
     asyncio.run(go())
 
 

@@ -11,13 +11,14 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from spin.drafter.server import DrafterService
 from spin.engine.drafter import ModelDrafter
 from spin.engine.engine import GenerationRequest, SpecEngine
 from spin.engine.model_runner import ModelRunner, RunnerConfig
-from spin.engine.sampling import SamplingParams
+from spin.engine.sampling import SamplingParams, probs_from_logits
 from spin.engine.tree import TokenTree
 from spin.engine.verifier import Verifier
 from spin.rpc.convert import sampling_to_proto, tree_to_proto
@@ -135,6 +136,26 @@ def test_seeded_sampling_steps_equal_the_engine(service, engine, prompts) -> Non
     got = _decode_plain(service, prompts[:1], 8, sampling)[0]
     want = engine.generate([GenerationRequest("s", prompts[0], 8, sampling)])[0].tokens
     assert got == want
+
+
+@torch.inference_mode()
+def test_sampled_results_carry_each_token_s_target_probability(service, target, prompts,
+                                                                greedy) -> None:
+    """A sampling task's result gives each emitted token's probability under the processed
+    target row it came from (what a scoring drafter estimates acceptance against); a greedy
+    task's gives none."""
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=5)
+    chain = TokenTree.chain(greedy[1][:3])  # the target's own argmax: likely accepted
+    res_g, res_s = service.run_batch(_batch(_task("g", 0, prompts[0]),
+                                            _task("s", 0, prompts[1], chain, sampling))).results
+    assert list(res_g.token_probs) == []
+    ctx = list(prompts[1]) + list(res_s.tokens)
+    rows = probs_from_logits(target(input_ids=torch.tensor([ctx])).logits[0], sampling)
+    first = len(prompts[1]) - 1  # the row after the prompt predicts the first emitted token
+    want = [float(rows[first + j, x]) for j, x in enumerate(res_s.tokens)]
+    assert len(res_s.token_probs) == len(res_s.tokens) and res_s.num_accepted >= 1
+    assert list(res_s.token_probs) == pytest.approx(want, abs=1e-4)
+    assert all(0 < p <= 1 for p in res_s.token_probs)
 
 
 def test_tree_with_greedy_first_token_is_accepted(service, prompts, greedy) -> None:

@@ -11,7 +11,7 @@ same kind of population statistics, as in ``spin bench policy``. The report: per
 median end-to-end seconds of each, and the totals' ratios (B / A < 1: B is faster). Running A
 against itself measures the noise floor. The workload is greedy, or sampled
 (``ABConfig.sampling``, ``--sampled``: the headline workload of ``spin bench policy``), with the
-same seeds on A, B and the reference.
+same seeds on A, B and the reference, new ones each pass (``policy_config.round_seed``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class ABConfig:
     new_tokens: int = 64
     """Tokens generated per request."""
     sampling: Sampling = GREEDY
-    """The workload's sampling (``SAMPLED``: request ``i`` samples with seed ``seed + i`` on A,
-    B and the reference alike)."""
+    """The workload's sampling (``SAMPLED``: request ``i`` of pass ``r`` samples with seed
+    ``round_seed(0, r) + i`` on A, B and the reference alike)."""
     seed: int = 0
     """Seed of the mixed workload (drawn from the tuning split)."""
     family_dir: Path = FAMILY_DIR
@@ -84,11 +84,11 @@ def run_ab(cfg: ABConfig) -> dict:
                              sampling=cfg.sampling)
         runs = (("a", ea, "auto", 0), ("b", eb, "auto", 0), ("prompt_lookup", ea, PROMPT_LOOKUP, 4))
         with tqdm(total=cfg.rounds * len(workload), desc="A/B pairs", unit="req") as bar:
-            for _ in range(cfg.rounds):
+            for rnd in range(cfg.rounds):
                 for i, w in enumerate(workload):
                     for key, emb, spec, k in runs:
                         (res,), _ = run_requests(emb.endpoint, [w], spec, k, bench, key,
-                                                 progress=False, sampling=cfg.sampling)
+                                                 progress=False, sampling=cfg.sampling, rnd=rnd)
                         times[key][i].append(res.e2e_s)
                     bar.update()
     median = {key: [statistics.median(x) for x in per] for key, per in times.items()}

@@ -30,8 +30,20 @@ class Sampling:
 
 GREEDY = Sampling("greedy")
 SAMPLED = Sampling("sampled", temperature=0.8, top_p=0.95)
-"""The README's headline workload: request ``i`` samples with seed ``seed + i`` in every
-configuration."""
+"""The README's headline workload: request ``i`` of pass ``r`` samples with seed
+``round_seed(seed, r) + i`` in every configuration of that pass."""
+
+ROUND_SEED_STRIDE = 1000
+"""Seeds between passes (more than any workload's requests, so no two draws share a seed)."""
+
+
+def round_seed(seed: int, rnd: int) -> int:
+    """The workload seed of pass ``rnd``: a sampled workload draws new outputs each pass. With
+    one seed for every pass a fixed configuration replays the same random output each time (its
+    drafts and the target's draws are seeded), so a best configuration chosen on some passes
+    and timed on another would keep the luck of outputs that happened to accept well, which no
+    policy can know in advance."""
+    return seed + ROUND_SEED_STRIDE * rnd
 
 
 @dataclass
@@ -90,11 +102,14 @@ class PolicyBenchConfig:
 
 def run_requests(endpoint: str, reqs: list[Request], spec: str, k: int, cfg: PolicyBenchConfig,
                  desc: str, concurrency: int | None = 1, progress: bool = True,
-                 sampling: Sampling = GREEDY, early_stop: bool = False) -> tuple[list, float]:
+                 sampling: Sampling = GREEDY, early_stop: bool = False,
+                 rnd: int = 0) -> tuple[list, float]:
     """``reqs`` through the router at ``endpoint`` (``concurrency`` at once; None: at their
     arrival times) with speculation ``spec`` at ``k`` (``early_stop``: its chain may stop early
-    as the policy's do): the results and the wall seconds. Raises if any request failed."""
-    client = ClientConfig(endpoint, cfg.new_tokens, sampling.temperature, cfg.seed,
+    as the policy's do), sampling with pass ``rnd``'s seeds (``round_seed``): the results and
+    the wall seconds. Raises if any request failed."""
+    client = ClientConfig(endpoint, cfg.new_tokens, sampling.temperature,
+                          round_seed(cfg.seed, rnd),
                           speculation=spec, k=k, max_concurrency=concurrency,
                           top_p=sampling.top_p, early_stop=early_stop)
 

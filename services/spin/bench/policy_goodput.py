@@ -12,7 +12,9 @@ speculation off. Compared with the learned policy (mode auto):
 
 Both are chosen on some passes and timed on another (``held_out``), since the fastest of dozens of
 configurations on the very runs it is timed on is a minimum over noise; chosen and timed on the
-same passes they are reported too (``*_in_sample``). The fixed runs go first in each pass, so the
+same passes they are reported too (``*_in_sample``). The sampled workload draws new seeds each
+pass, the same in every configuration of the pass (``policy_config.round_seed``): otherwise the
+pass a choice is timed on would replay the very outputs it was chosen on. The fixed runs go first in each pass, so the
 learned policy starts from the population statistics they left in Redis, as a router replica
 joining a running fleet would (``spin bench policy`` measures the cold start apart).
 """
@@ -57,7 +59,8 @@ def goodput(emb: Embedded, workload: list[Request], drafters: list[str],
             before = _router_times(emb.router.metrics_port, (PREDICTION_ERROR,))
             res, _ = run_requests(emb.endpoint, workload, spec, k, cfg,
                                   f"{sampling.name} {name} ({rnd + 1}/{cfg.rounds})",
-                                  sampling=sampling, early_stop=spec not in (OFF, "auto"))
+                                  sampling=sampling, early_stop=spec not in (OFF, "auto"),
+                                  rnd=rnd)
             if name == LEARNED:  # the cost model's error on the steps it predicted
                 after = _router_times(emb.router.metrics_port, (PREDICTION_ERROR,))
                 err_sum += (after.get(PREDICTION_ERROR + "_sum", 0.0)

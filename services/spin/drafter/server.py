@@ -98,15 +98,18 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
                 continue
             score = task.score and task.k <= 0  # a prefill that scores, no draft
             req = DraftRequest(task.request_id, task.context_delta, max(task.k, 0),
-                               tuple(task.branching), sampling, task.stop_below, task.keep)
+                               tuple(task.branching), sampling, task.stop_below, task.keep,
+                               tuple(task.context_probs) if score else ())
             if score:
                 scoring.append((len(results) - 1, req, task.score_from))
             else:
                 work.append((len(results) - 1, req))
         evictions = self.drafter.evictions
         scores = self.drafter.score([r for _, r, _ in scoring], [f for _, _, f in scoring])
-        for (i, _, _), (matches, positions) in zip(scoring, scores):
-            results[i].score_matches, results[i].score_positions = matches, positions
+        for (i, _, _), sc in zip(scoring, scores):
+            results[i].score_matches, results[i].score_positions = sc.matches, sc.positions
+            results[i].score_acceptance = sc.accepted
+            results[i].score_acceptance_positions = sc.accepted_positions
         if work:  # k = 0 tasks only update the context
             trees: list[TokenTree] = self.drafter.propose([r for _, r in work])
             for (i, _), tree in zip(work, trees):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -54,6 +54,14 @@ class DraftRequest:
     falls below this; the token that crosses the line is kept. 0 = always ``k`` tokens."""
     keep: int = 0
     """Context tokens the drafter holds that still hold (``Sequences.apply``)."""
+    context_probs: tuple[float, ...] | list[float] = ()
+    """Scoring a sampling request: the target's probability of each ``delta`` token (0 =
+    unknown), for the acceptance estimate of ``ModelDrafter.score``; () = none."""
+
+    def target_prob(self, position: int) -> float:
+        """The target's probability of context token ``position`` (0.0 when unknown)."""
+        i = position - self.keep
+        return float(self.context_probs[i]) if 0 <= i < len(self.context_probs) else 0.0
 
     def shape(self, k: int | None = None) -> tuple[int, ...]:
         """Children per node for each of the k levels."""
@@ -67,6 +75,22 @@ class DraftRequest:
             width *= b
             size += width
         return size
+
+
+class Score(NamedTuple):
+    """How well a drafter predicts one request's context (``ModelDrafter.score``)."""
+
+    matches: int
+    """Scored positions whose token equals the drafter's greedy prediction."""
+    positions: int
+    """Positions scored."""
+    accepted: float = 0.0
+    """With the target's probabilities (a sampling request): the sum of min(1, q(x) / p(x))
+    over the scored positions where p is known, q the drafter's processed distribution. Since
+    x was drawn from p, its expectation is sum_x min(p, q) per position: what a sampled draft
+    token is accepted with (``rejection.py``)."""
+    accepted_positions: int = 0
+    """Scored positions ``accepted`` covers (0: no estimate)."""
 
 
 class Drafter(Protocol):
@@ -198,14 +222,15 @@ class ModelDrafter:
         return work
 
     @torch.inference_mode()
-    def score(self, requests: list[DraftRequest], start: list[int]) -> list[tuple[int, int]]:
-        """How well this model predicts each request's context: (matches, positions) over the
-        context positions from ``start`` on whose preceding token the cache lacked (all but the
-        first token it is fed), ``matches`` of them equal to the greedy prediction from the
-        tokens before them (for greedy decoding: this drafter's acceptance rate on that text).
+    def score(self, requests: list[DraftRequest], start: list[int]) -> list[Score]:
+        """How well this model predicts each request's context, over the context positions from
+        ``start`` on whose preceding token the cache lacked (all but the first token it is fed):
+        how many equal the greedy prediction from the tokens before them (for greedy decoding:
+        this drafter's acceptance rate on that text) and, for a sampling request that sent the
+        target's probabilities, the expected accepted tokens of sampled drafts (``Score``).
         The prefill stays in the cache for later drafts."""
         work = self._prepare(requests, draft=False)
-        out = {r.request_id: (0, 0) for r in requests}
+        out = {r.request_id: Score(0, 0) for r in requests}
         if not work:
             return list(out.values())
         fed = [self.seqs.feed(s) for _, s, _ in work]
@@ -219,8 +244,11 @@ class ModelDrafter:
         for i, ((r, s, _), f, lo) in enumerate(zip(work, fed, los)):
             self.runner.cache.commit(s.seq, len(s.context))
             if len(f) - 1 > lo:
+                n = len(f) - 1 - lo
                 hits = sum(p == w for p, w in zip(preds[i], f[lo + 1:]))
-                out[r.request_id] = (hits, len(f) - 1 - lo)
+                first = len(s.context) - len(f) + lo + 1  # context position of the first scored
+                out[r.request_id] = Score(hits, n, *_sampled_acceptance(
+                    r, logits[i, :n], f[lo + 1:], first))
         return list(out.values())
 
     @torch.inference_mode()
@@ -301,3 +329,23 @@ class ModelDrafter:
         for t, consume in segments:
             consume(host[pos:pos + t.numel()])
             pos += t.numel()
+
+
+def _sampled_acceptance(r: DraftRequest, logits: torch.Tensor, tokens: list[int],
+                        first: int) -> tuple[float, int]:
+    """``Score.accepted`` and ``accepted_positions`` of ``tokens`` (context positions ``first``
+    on), ``logits`` [n, V'] the drafter's rows that predict them; (0.0, 0) for greedy requests
+    or without the target's probabilities."""
+    if r.sampling.greedy or not r.context_probs:
+        return 0.0, 0
+    p = torch.tensor([r.target_prob(first + t) for t in range(len(tokens))])           # [n]
+    known = (p > 0) & (p <= 1)  # anything else: unknown
+    if not bool(known.any()):
+        return 0.0, 0
+    q_all = probs_from_logits(logits, r.sampling)                                       # [n, V']
+    x = torch.tensor(tokens, device=q_all.device)                                       # [n]
+    inside = x < q_all.shape[-1]  # a token past the draft vocabulary: q(x) = 0
+    q = torch.where(inside, q_all.gather(1, x.clamp(max=q_all.shape[-1] - 1)[:, None])[:, 0],
+                    torch.zeros((), device=q_all.device)).cpu()                        # [n]
+    ratio = torch.clamp(q / p.clamp(min=1e-30), max=1.0)
+    return float(ratio[known].sum()), int(known.sum())

@@ -28,7 +28,7 @@ runs with Python control flow (``walk_host``: a few tensor ops per child instead
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,6 +51,11 @@ class Verdict:
     """Emitted tokens: the accepted nodes' tokens, then the correction or bonus token."""
     logprobs: tuple[TokenLogprobs, ...] | None = None
     """The target's log-probabilities of ``tokens``, when the request asked (``logprobs.py``)."""
+    token_probs: tuple[float, ...] | None = None
+    """Sampling only: each of ``tokens``' probability under the processed target row it was
+    emitted from (temperature, top-k, top-p applied). The router sends them with a scoring call,
+    so a drafter can estimate its acceptance on the request's sampled output
+    (``ModelDrafter.score``)."""
 
     @property
     def num_accepted(self) -> int:
@@ -222,12 +227,14 @@ def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree]
     argmax = logits.argmax(-1)                                                          # [B, Lq]
     parts, spans = [argmax.flatten()], []
     offset = argmax.numel()
+    processed: dict[int, torch.Tensor] = {}  # sampled request -> its rows [N + 1, V], processed
     for i, (tree, params, gen) in enumerate(zip(trees, sampling, generators)):
         if params.greedy:
             spans.append(None)
             continue
         rows = logits[i, starts[i]:starts[i] + len(tree) + 1]                           # [N + 1, V]
-        path = _decide(tree, probs_from_logits(rows, params), gen)                      # [D + 1]
+        processed[i] = probs = probs_from_logits(rows, params)
+        path = _decide(tree, probs, gen)                                                # [D + 1]
         if isinstance(path, list):
             spans.append(path)
             continue
@@ -244,4 +251,25 @@ def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree]
         else:
             out.append(_verdict(tree, span if isinstance(span, list)
                                 else host[span[0]:span[1]]))
+    return _with_token_probs(out, processed)
+
+
+def _with_token_probs(verdicts: list[Verdict], processed: dict[int, torch.Tensor],
+                      ) -> list[Verdict]:
+    """``verdicts`` with ``token_probs`` set for the sampled requests: emitted token ``j`` comes
+    from row 0 for ``j = 0``, from row ``1 + accepted[j - 1]`` after it. One more copy to the
+    host for the whole batch."""
+    if not processed:
+        return verdicts
+    picks = []
+    for i, probs in processed.items():
+        v = verdicts[i]
+        rows = torch.tensor([0] + [1 + n for n in v.accepted], device=probs.device)     # [T]
+        picks.append(probs[rows, torch.tensor(v.tokens, device=probs.device)])          # [T]
+    values = torch.cat(picks).tolist()
+    out, at = list(verdicts), 0
+    for i in processed:
+        n = len(out[i].tokens)
+        out[i] = replace(out[i], token_probs=tuple(values[at:at + n]))
+        at += n
     return out

@@ -115,8 +115,11 @@ class Policy(Protocol):
         """The request finished or was cancelled."""
         ...
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
-        """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``)."""
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
+                      accepted: float | None = None) -> None:
+        """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``);
+        for a sampling request's output, ``accepted`` estimates the draft tokens its sampled
+        drafts would get accepted at those positions (None: no estimate)."""
         ...
 
     def set_cost_model(self, cost) -> None:
@@ -169,7 +172,8 @@ class FixedPolicy:
     def release(self, request_id: str) -> None:
         return None
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int) -> None:
+    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
+                      accepted: float | None = None) -> None:
         return None
 
     def set_cost_model(self, cost) -> None:

@@ -32,6 +32,11 @@ class LearnedPolicyConfig:
     """Scoring rounds per request at most (each adds the new tokens to the counts). One was no
     worse than more when every drafter scored and a round held up its step: ``spin bench ab --a
     '{"score_rounds": 4}' --b '{}'`` measured B / A = 0.987 (its noise floor is about 2%)."""
+    sampled_scores: bool = True
+    """For a sampling request, an output score counts the drafter's estimate of what its
+    sampled drafts would get accepted (from the target's probabilities of the output tokens:
+    ``learned.py``, Scoring) instead of its greedy agreement, which understates that by about
+    half at temperature 0.8. False: greedy agreement for every request."""
     prompt_fit: bool = True
     """At a request's first step (prompt lookup drafts) every model drafter scores the prompt
     while the target prefills it (the router sends scoring calls during the verification); the

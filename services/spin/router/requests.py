@@ -50,6 +50,10 @@ class RouterRequest:
     each (None: none)."""
     arrival: float = field(default_factory=time.perf_counter)
     generated: list[int] = field(default_factory=list)
+    token_probs: list[float] = field(default_factory=list)
+    """Sampling requests: the target's probability of each generated token under the processed
+    row it was drawn from (0 = unknown); what a drafter's scoring call estimates its acceptance
+    against. Empty when greedy."""
     synced: dict[str, int] = field(default_factory=dict)
     """Service key ('verifier' or a drafter name) -> context tokens that service holds."""
     touched: set[str] = field(default_factory=set)
@@ -96,6 +100,14 @@ class RouterRequest:
         """``context[start:]`` without building the whole context (the per-step sync delta)."""
         p = len(self.prompt)
         return list(self.prompt[start:]) + self.generated[max(0, start - p):]
+
+    def context_probs_from(self, start: int) -> list[float]:
+        """The target's probability of each token of ``context_from(start)`` (0 for the prompt's
+        and for any not known): one per token."""
+        p = len(self.prompt)
+        known = self.token_probs[max(0, start - p):]
+        return ([0.0] * max(0, p - start) + known
+                + [0.0] * (len(self.generated) - max(0, start - p) - len(known)))
 
     def lookup_index(self) -> PromptLookupIndex:
         """``lookup`` with every token of the context taken in (only the new ones are read)."""

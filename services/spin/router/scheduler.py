@@ -288,9 +288,11 @@ class Scheduler:
                 tasks.append(self.translated.task(drafter, r, c, name))
             else:
                 keep = drafter.route(r.request_id, r.synced.get(name, 0))
+                probs = (r.context_probs_from(keep)
+                         if c.score and r.generated and not r.sampling.greedy else [])
                 tasks.append(DraftTask(r.request_id, keep, r.context_from(keep), c.k, r.sampling,
                                        c.branching, r.traceparent, r.tracestate, bool(c.score),
-                                       _score_from(r) if c.score else 0, c.stop_below))
+                                       _score_from(r) if c.score else 0, c.stop_below, probs))
                 r.synced[name] = r.context_len
             r.touched.add(name)
         release = self._release.pop(name, set())
@@ -309,8 +311,10 @@ class Scheduler:
             if res.resync:
                 r.synced.pop(name, None)
             elif res.score_positions:
-                self.policy.observe_score(r.request_id, name, res.score_matches,
-                                          res.score_positions)
+                self.policy.observe_score(
+                    r.request_id, name, res.score_matches, res.score_positions,
+                    res.score_acceptance if res.score_acceptance_positions == res.score_positions
+                    else None)
             elif res.tree is not None and len(res.tree):
                 tree = self.translated.tree(r, name, res.tree, c.k) if translated else res.tree
                 if tree is not None:
@@ -360,6 +364,9 @@ class Scheduler:
         self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s, ranks)
         start = len(r.generated)
         chunk = self.stream.emit(r, res.tokens, step, res.logprobs)
+        if not r.sampling.greedy:  # one per generated token, 0 where the verifier sent none
+            n = len(r.generated) - start
+            r.token_probs.extend((res.token_probs[:n] + [0.0] * n)[:n])
         self.accounting.streamed(r, len(r.generated) - start, chunk.finish)
         if chunk.finish is not None:
             self._finish(r)

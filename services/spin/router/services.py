@@ -54,6 +54,9 @@ class DraftTask:
     score_from: int = 0
     stop_below: float = 0.0
     """Stop the chain once its probability falls below this (0 = always ``k``)."""
+    context_probs: list[float] = field(default_factory=list)
+    """With ``score`` on a sampling request: the target's probability of each ``context_delta``
+    token (0 = unknown), for the drafter's acceptance estimate; empty otherwise."""
 
 
 @dataclass
@@ -68,6 +71,10 @@ class DraftResult:
     score_matches: int = 0
     score_positions: int = 0
     """Of ``score_positions`` context tokens scored, the drafter predicted ``score_matches``."""
+    score_acceptance: float = 0.0
+    score_acceptance_positions: int = 0
+    """With ``context_probs``: the draft tokens a sampled draft would get accepted, estimated
+    over ``score_acceptance_positions`` scored tokens (0: no estimate)."""
 
 
 @dataclass
@@ -115,6 +122,9 @@ class VerifyResult:
     was verified."""
     logprobs: list[TokenLogprobs] | None = None
     """One per ``tokens``, when the task asked."""
+    token_probs: list[float] = field(default_factory=list)
+    """Sampling requests: one per ``tokens``, its probability under the processed target row it
+    was emitted from (empty when greedy)."""
 
 
 @dataclass
@@ -177,7 +187,8 @@ class VerifierClient:
         resp = await self.pool.call(batch, timeout_s)
         return VerifyReply([VerifyResult(r.request_id, list(r.tokens), r.num_accepted, r.resync,
                                          r.preempted, logprobs_from_proto(r.logprobs) if r.logprobs
-                                         else None) for r in resp.results],
+                                         else None, list(r.token_probs))
+                            for r in resp.results],
                            resp.verify_seconds, resp.free_blocks, resp.num_blocks)
 
 
@@ -210,7 +221,8 @@ class DrafterClient:
                 log.warning("drafter %s: request %s: dropping a malformed draft: %s",
                             self.pool.name, res.request_id, e)
         return DraftResult(res.request_id, tree, res.resync, res.score_matches,
-                           res.score_positions)
+                           res.score_positions, res.score_acceptance,
+                           res.score_acceptance_positions)
 
 
 class DrafterClients(Mapping[str, DrafterClient]):
@@ -249,4 +261,5 @@ def _draft_task(t: DraftTask) -> drafter_pb2.DraftTask:
                                  context_delta=t.context_delta, k=t.k, branching=t.branching,
                                  sampling=sampling_to_proto(t.sampling),
                                  traceparent=t.traceparent, tracestate=t.tracestate,
-                                 score=t.score, score_from=t.score_from, stop_below=t.stop_below)
+                                 score=t.score, score_from=t.score_from, stop_below=t.stop_below,
+                                 context_probs=t.context_probs)

@@ -27,7 +27,7 @@ from spin.v1 import sampling_pb2 as spin_dot_v1_dot_sampling__pb2
 from spin.v1 import token_tree_pb2 as spin_dot_v1_dot_token__tree__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15spin/v1/drafter.proto\x12\x07spin.v1\x1a\x18spin/v1/model_info.proto\x1a\x16spin/v1/sampling.proto\x1a\x18spin/v1/token_tree.proto\"\xed\x01\n\tDraftTask\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x05\x12\x15\n\rcontext_delta\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x11\n\tbranching\x18\x05 \x03(\x05\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x12\n\ntracestate\x18\x08 \x01(\t\x12\r\n\x05score\x18\t \x01(\x08\x12\x12\n\nscore_from\x18\n \x01(\x05\x12\x12\n\nstop_below\x18\x0b \x01(\x02\"X\n\x10SpeculateRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.spin.v1.DraftTask\x12\x0f\n\x07release\x18\x03 \x03(\t\"\x83\x01\n\x0b\x44raftResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x04tree\x18\x02 \x01(\x0b\x32\x12.spin.v1.TokenTree\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12\x15\n\rscore_matches\x18\x04 \x01(\x05\x12\x17\n\x0fscore_positions\x18\x05 \x01(\x05\"\x8c\x01\n\x11SpeculateResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.spin.v1.DraftResult\x12\x15\n\rdraft_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x12\n\nnum_blocks\x18\x05 \x01(\x05\"\x17\n\x15GetDrafterInfoRequest\":\n\x16GetDrafterInfoResponse\x12 \n\x04info\x18\x01 \x01(\x0b\x32\x12.spin.v1.ModelInfo2\xa4\x01\n\x07\x44rafter\x12\x46\n\tSpeculate\x12\x19.spin.v1.SpeculateRequest\x1a\x1a.spin.v1.SpeculateResponse(\x01\x30\x01\x12Q\n\x0eGetDrafterInfo\x12\x1e.spin.v1.GetDrafterInfoRequest\x1a\x1f.spin.v1.GetDrafterInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15spin/v1/drafter.proto\x12\x07spin.v1\x1a\x18spin/v1/model_info.proto\x1a\x16spin/v1/sampling.proto\x1a\x18spin/v1/token_tree.proto\"\x84\x02\n\tDraftTask\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x05\x12\x15\n\rcontext_delta\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x11\n\tbranching\x18\x05 \x03(\x05\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x12\n\ntracestate\x18\x08 \x01(\t\x12\r\n\x05score\x18\t \x01(\x08\x12\x12\n\nscore_from\x18\n \x01(\x05\x12\x12\n\nstop_below\x18\x0b \x01(\x02\x12\x15\n\rcontext_probs\x18\x0c \x03(\x02\"X\n\x10SpeculateRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.spin.v1.DraftTask\x12\x0f\n\x07release\x18\x03 \x03(\t\"\xc1\x01\n\x0b\x44raftResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x04tree\x18\x02 \x01(\x0b\x32\x12.spin.v1.TokenTree\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12\x15\n\rscore_matches\x18\x04 \x01(\x05\x12\x17\n\x0fscore_positions\x18\x05 \x01(\x05\x12\x18\n\x10score_acceptance\x18\x06 \x01(\x02\x12\"\n\x1ascore_acceptance_positions\x18\x07 \x01(\x05\"\x8c\x01\n\x11SpeculateResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.spin.v1.DraftResult\x12\x15\n\rdraft_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x12\n\nnum_blocks\x18\x05 \x01(\x05\"\x17\n\x15GetDrafterInfoRequest\":\n\x16GetDrafterInfoResponse\x12 \n\x04info\x18\x01 \x01(\x0b\x32\x12.spin.v1.ModelInfo2\xa4\x01\n\x07\x44rafter\x12\x46\n\tSpeculate\x12\x19.spin.v1.SpeculateRequest\x1a\x1a.spin.v1.SpeculateResponse(\x01\x30\x01\x12Q\n\x0eGetDrafterInfo\x12\x1e.spin.v1.GetDrafterInfoRequest\x1a\x1f.spin.v1.GetDrafterInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spin.v1.drafter_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DRAFTTASK']._serialized_start=111
-  _globals['_DRAFTTASK']._serialized_end=348
-  _globals['_SPECULATEREQUEST']._serialized_start=350
-  _globals['_SPECULATEREQUEST']._serialized_end=438
-  _globals['_DRAFTRESULT']._serialized_start=441
-  _globals['_DRAFTRESULT']._serialized_end=572
-  _globals['_SPECULATERESPONSE']._serialized_start=575
-  _globals['_SPECULATERESPONSE']._serialized_end=715
-  _globals['_GETDRAFTERINFOREQUEST']._serialized_start=717
-  _globals['_GETDRAFTERINFOREQUEST']._serialized_end=740
-  _globals['_GETDRAFTERINFORESPONSE']._serialized_start=742
-  _globals['_GETDRAFTERINFORESPONSE']._serialized_end=800
-  _globals['_DRAFTER']._serialized_start=803
-  _globals['_DRAFTER']._serialized_end=967
+  _globals['_DRAFTTASK']._serialized_end=371
+  _globals['_SPECULATEREQUEST']._serialized_start=373
+  _globals['_SPECULATEREQUEST']._serialized_end=461
+  _globals['_DRAFTRESULT']._serialized_start=464
+  _globals['_DRAFTRESULT']._serialized_end=657
+  _globals['_SPECULATERESPONSE']._serialized_start=660
+  _globals['_SPECULATERESPONSE']._serialized_end=800
+  _globals['_GETDRAFTERINFOREQUEST']._serialized_start=802
+  _globals['_GETDRAFTERINFOREQUEST']._serialized_end=825
+  _globals['_GETDRAFTERINFORESPONSE']._serialized_start=827
+  _globals['_GETDRAFTERINFORESPONSE']._serialized_end=885
+  _globals['_DRAFTER']._serialized_start=888
+  _globals['_DRAFTER']._serialized_end=1052
 # @@protoc_insertion_point(module_scope)

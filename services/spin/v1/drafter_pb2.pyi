@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DraftTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate", "score", "score_from", "stop_below")
+    __slots__ = ("request_id", "keep", "context_delta", "k", "branching", "sampling", "traceparent", "tracestate", "score", "score_from", "stop_below", "context_probs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class DraftTask(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SCORE_FROM_FIELD_NUMBER: _ClassVar[int]
     STOP_BELOW_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_PROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -33,7 +34,8 @@ class DraftTask(_message.Message):
     score: bool
     score_from: int
     stop_below: float
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., score: _Optional[bool] = ..., score_from: _Optional[int] = ..., stop_below: _Optional[float] = ...) -> None: ...
+    context_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., branching: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., score: _Optional[bool] = ..., score_from: _Optional[int] = ..., stop_below: _Optional[float] = ..., context_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")
@@ -46,18 +48,22 @@ class SpeculateRequest(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[DraftTask, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DraftResult(_message.Message):
-    __slots__ = ("request_id", "tree", "resync", "score_matches", "score_positions")
+    __slots__ = ("request_id", "tree", "resync", "score_matches", "score_positions", "score_acceptance", "score_acceptance_positions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     SCORE_MATCHES_FIELD_NUMBER: _ClassVar[int]
     SCORE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_ACCEPTANCE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tree: _token_tree_pb2.TokenTree
     resync: bool
     score_matches: int
     score_positions: int
-    def __init__(self, request_id: _Optional[str] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., resync: _Optional[bool] = ..., score_matches: _Optional[int] = ..., score_positions: _Optional[int] = ...) -> None: ...
+    score_acceptance: float
+    score_acceptance_positions: int
+    def __init__(self, request_id: _Optional[str] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., resync: _Optional[bool] = ..., score_matches: _Optional[int] = ..., score_positions: _Optional[int] = ..., score_acceptance: _Optional[float] = ..., score_acceptance_positions: _Optional[int] = ...) -> None: ...
 
 class SpeculateResponse(_message.Message):
     __slots__ = ("batch_id", "results", "draft_seconds", "free_blocks", "num_blocks")

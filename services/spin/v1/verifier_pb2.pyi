@@ -40,20 +40,22 @@ class VerifyRequest(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[VerifyTask, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted", "logprobs")
+    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted", "logprobs", "token_probs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
     resync: bool
     preempted: bool
     logprobs: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.TokenLogprobs]
-    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_sampling_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
+    token_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_sampling_pb2.TokenLogprobs, _Mapping]]] = ..., token_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("batch_id", "results", "verify_seconds", "free_blocks", "num_blocks")

@@ -161,6 +161,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].tokens.extend(verdict.tokens)
             results[i].num_accepted = verdict.num_accepted
             logprobs_to_proto(verdict.logprobs or (), results[i].logprobs)
+            results[i].token_probs.extend(verdict.token_probs or ())
         seconds = time.perf_counter() - start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
                                       runner.cache.usage, len(self.verifier.seqs))

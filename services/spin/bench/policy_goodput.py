@@ -14,9 +14,10 @@ Both are chosen on some passes and timed on another (``held_out``), since the fa
 configurations on the very runs it is timed on is a minimum over noise; chosen and timed on the
 same passes they are reported too (``*_in_sample``). The sampled workload draws new seeds each
 pass, the same in every configuration of the pass (``policy_config.round_seed``): otherwise the
-pass a choice is timed on would replay the very outputs it was chosen on. The fixed runs go first in each pass, so the
-learned policy starts from the population statistics they left in Redis, as a router replica
-joining a running fleet would (``spin bench policy`` measures the cold start apart).
+pass a choice is timed on would replay the very outputs it was chosen on. The fixed runs go
+first in each pass, so the learned policy starts from the population statistics they left in
+Redis, as a router replica joining a running fleet would (``spin bench policy`` measures the
+cold start apart).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ from functools import lru_cache
 import pytest
 import torch
 
-from spin.engine.rejection import (walk_host, num_uniforms, stochastic_path, verify_batch,
-                                   verify_greedy, verify_stochastic)
+from spin.engine import rejection
+from spin.engine.rejection import (emitted_probs, walk_host, num_uniforms, stochastic_path,
+                                   verify_batch, verify_greedy, verify_stochastic)
 from spin.engine.sampling import SamplingParams, probs_from_logits
 from spin.engine.tree import TokenTree
 
@@ -207,6 +208,19 @@ def test_verify_batch_decides_each_request_as_alone() -> None:
             assert got[b].token_probs == (None if params.greedy else pytest.approx(
                 [float(probs_from_logits(logits, params)[r, x])
                  for r, x in zip(rows, want.tokens)], abs=1e-6)), (trial, b)
+        # decided on an accelerator (the device walk, read back with the batch's one copy):
+        # the same verdicts and probabilities
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(rejection, "_decide", lambda tree, probs, gen: stochastic_path(
+                tree, probs, torch.rand(num_uniforms(tree), generator=gen)))
+            gens = [torch.Generator().manual_seed(trial * 10 + b) for b in range(len(cases))]
+            device = verify_batch(batch, [c[3] for c in cases], [c[0] for c in cases],
+                                  [c[1] for c in cases], gens)
+        assert [replace(d, token_probs=None) for d in device] == [
+            replace(g, token_probs=None) for g in got]
+        for d, g in zip(device, got):
+            assert d.token_probs == (None if g.token_probs is None
+                                     else pytest.approx(g.token_probs, abs=1e-6))
         # a request decides the same whatever shares its batch
         alone = verify_batch(batch[2:3], [cases[2][3]], [cases[2][0]], [cases[2][1]],
                              [torch.Generator().manual_seed(trial * 10 + 2)])
@@ -230,5 +244,12 @@ def test_the_device_walk_decides_as_the_host_walk(one_hot: bool) -> None:
         probs = torch.softmax(torch.randn(len(parents) + 1, V, generator=gen) * 2, -1)
         u = torch.rand(num_uniforms(tree), generator=gen)
         host = walk_host(tree, probs, u.tolist())
-        device = stochastic_path(tree, probs, u).tolist()
+        path = stochastic_path(tree, probs, u)
+        device = path.tolist()
         assert [n for n in device[:-1] if n >= 0] == host[:-1] and device[-1] == host[-1], trial
+        # the emitted tokens' probabilities from the padded path equal those of the host walk's
+        emitted = [tokens[n] for n in host[:-1]] + [host[-1]]
+        rows_of = [0] + [1 + n for n in host[:-1]]
+        want = [float(probs[r, x]) for r, x in zip(rows_of, emitted)]
+        assert emitted_probs(probs, tree, path)[:len(want)].tolist() == pytest.approx(want)
+        assert emitted_probs(probs, tree, torch.tensor(host)).tolist() == pytest.approx(want)

@@ -218,29 +218,46 @@ def verify_stochastic(tree: TokenTree, target_probs: torch.Tensor,
     return _verdict(tree, path if isinstance(path, list) else path.tolist())
 
 
+def emitted_probs(target_probs: torch.Tensor, tree: TokenTree, path: torch.Tensor,
+                  ) -> torch.Tensor:
+    """[D + 1] float: the processed target probability of each token a walk emits, from its
+    ``path`` ([D + 1], as ``stochastic_path`` returns it: accepted nodes, -1 once the walk
+    stopped, then the emitted token). Emitted token ``j`` is the ``j``-th accepted node's token
+    (row 0 for ``j = 0``, the row after the node before it later), then the last entry of
+    ``path``; entries past the tokens emitted are padding. On the path's device, no copy."""
+    dev = path.device
+    nodes = path[:-1]                                                                  # [D]
+    final = path[-1:]                                                                  # [1]
+    tokens = torch.tensor(list(tree.tokens) or [0], device=dev)                       # [N]
+    emitted = torch.cat([torch.where(nodes >= 0, tokens[nodes.clamp(min=0)], final), final])
+    rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), nodes + 1]).clamp(min=0)
+    return target_probs[rows, emitted]                                                 # [D + 1]
+
+
 def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree],
                  sampling: list[SamplingParams], generators: list[torch.Generator],
                  ) -> list[Verdict]:
     """Decide every request of a batch: ``logits`` [B, Lq, V] of one target forward, request i's
     rows from ``starts[i]`` (its last context token) on, ``len(trees[i]) + 1`` of them. One copy
-    of the decisions to the host."""
+    of the decisions (and of a sampled request's ``Verdict.token_probs``, float32 bits in the
+    same long tensor) to the host."""
     argmax = logits.argmax(-1)                                                          # [B, Lq]
     parts, spans = [argmax.flatten()], []
     offset = argmax.numel()
-    processed: dict[int, torch.Tensor] = {}  # sampled request -> its rows [N + 1, V], processed
     for i, (tree, params, gen) in enumerate(zip(trees, sampling, generators)):
         if params.greedy:
             spans.append(None)
             continue
         rows = logits[i, starts[i]:starts[i] + len(tree) + 1]                           # [N + 1, V]
-        processed[i] = probs = probs_from_logits(rows, params)
+        probs = probs_from_logits(rows, params)                                         # [N + 1, V]
         path = _decide(tree, probs, gen)                                                # [D + 1]
-        if isinstance(path, list):
-            spans.append(path)
+        if isinstance(path, list):  # decided on the host: the rows are host memory too
+            spans.append((path, emitted_probs(probs, tree, torch.tensor(path)).tolist()))
             continue
-        parts.append(path)
+        bits = emitted_probs(probs, tree, path).float().view(torch.int32).long()        # [D + 1]
+        parts += [path, bits]
         spans.append((offset, offset + len(path)))
-        offset += len(path)
+        offset += 2 * len(path)
     host = torch.cat(parts).tolist()  # the one device-to-host copy
     lq = logits.shape[1]
     out = []
@@ -248,28 +265,14 @@ def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree]
         if span is None:
             row0 = i * lq + starts[i]
             out.append(walk_greedy(tree, host[row0:row0 + len(tree) + 1]))
+            continue
+        if isinstance(span[0], list):
+            path, probs_out = span
         else:
-            out.append(_verdict(tree, span if isinstance(span, list)
-                                else host[span[0]:span[1]]))
-    return _with_token_probs(out, processed)
-
-
-def _with_token_probs(verdicts: list[Verdict], processed: dict[int, torch.Tensor],
-                      ) -> list[Verdict]:
-    """``verdicts`` with ``token_probs`` set for the sampled requests: emitted token ``j`` comes
-    from row 0 for ``j = 0``, from row ``1 + accepted[j - 1]`` after it. One more copy to the
-    host for the whole batch."""
-    if not processed:
-        return verdicts
-    picks = []
-    for i, probs in processed.items():
-        v = verdicts[i]
-        rows = torch.tensor([0] + [1 + n for n in v.accepted], device=probs.device)     # [T]
-        picks.append(probs[rows, torch.tensor(v.tokens, device=probs.device)])          # [T]
-    values = torch.cat(picks).tolist()
-    out, at = list(verdicts), 0
-    for i in processed:
-        n = len(out[i].tokens)
-        out[i] = replace(out[i], token_probs=tuple(values[at:at + n]))
-        at += n
+            lo, hi = span
+            path = host[lo:hi]
+            probs_out = torch.tensor(host[hi:2 * hi - lo], dtype=torch.int32).view(
+                torch.float32).tolist()
+        verdict = _verdict(tree, path)
+        out.append(replace(verdict, token_probs=tuple(probs_out[:len(verdict.tokens)])))
     return out

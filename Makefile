@@ -34,9 +34,11 @@ redis:
 tools:
 	scripts/deploy-tools.sh
 
-## Every check. pytest's exit code 5 (no tests collected) is a failure too.
+## Every check, the test files spread over TEST_WORKERS processes (0: one process).
+## pytest's exit code 5 (no tests collected) is a failure too.
+TEST_WORKERS ?= 2
 test: setup redis tools
-	@$(PY) -m pytest -q; rc=$$?; \
+	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 ## Rebuild the demo family from scratch (corpus, tokenizer, models): about 90 minutes on 2 cores.

@@ -20,9 +20,9 @@ def _arms(request_class: str) -> dict[str, SimArm]:
 def test_workload_has_a_different_best_arm_per_class() -> None:
     best = {c: max(_arms(c).values(), key=lambda a: a.expected_goodput()).name
             for c in ("code", "prose", "structured")}
-    assert best == {"code": "draft-code", "prose": "draft-prose", "structured": "draft-structured"}
+    assert best == {"code": "sim-code", "prose": "sim-prose", "structured": "sim-structured"}
     mix = mixture_population(WORKLOAD)
-    assert max(mix, key=lambda n: mix[n].mean_reward) != "draft-prose"  # wrong for prose requests
+    assert max(mix, key=lambda n: mix[n].mean_reward) != "sim-prose"  # wrong for prose requests
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

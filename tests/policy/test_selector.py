@@ -15,7 +15,7 @@ from spin.policy.selector import (ALGORITHMS, DraftSelector, PopulationArm, Sele
 from spin.stats.store import DrafterStats
 
 WORKLOAD = three_class_workload()
-DRAFTERS = {"draft-code", "draft-prose", "draft-structured", PROMPT_LOOKUP}
+DRAFTERS = {"sim-code", "sim-prose", "sim-structured", PROMPT_LOOKUP}
 
 
 def _arms(request_class: str) -> dict[str, SimArm]:
@@ -50,10 +50,10 @@ def test_unavailable_drafter_is_never_returned(algorithm: str) -> None:
     rng, arms = random.Random(1), _arms("code")
     for _ in range(10):
         _step(sel, "r", arms, rng)
-    assert max(sel.snapshot("r").items(), key=lambda kv: kv[1][0])[0] == "draft-code"
-    down = DRAFTERS - {"draft-code"}
-    assert all(_step(sel, "r", arms, rng, down) != "draft-code" for _ in range(50))
-    assert "draft-code" in {_step(sel, "r", arms, rng) for _ in range(20)}  # back: chosen again
+    assert max(sel.snapshot("r").items(), key=lambda kv: kv[1][0])[0] == "sim-code"
+    down = DRAFTERS - {"sim-code"}
+    assert all(_step(sel, "r", arms, rng, down) != "sim-code" for _ in range(50))
+    assert "sim-code" in {_step(sel, "r", arms, rng) for _ in range(20)}  # back: chosen again
 
 
 def test_release_frees_state() -> None:
@@ -70,16 +70,16 @@ def test_release_frees_state() -> None:
     assert sum(n for _, n in sel.snapshot("b").values()) == 5
     sel.choose("a", DRAFTERS)  # a reused id starts from the population again
     assert all(n == 0 for _, n in sel.snapshot("a").values())
-    assert sel.switch_cost_s("a", "draft-code") == SelectorConfig().switch_cost_s
+    assert sel.switch_cost_s("a", "sim-code") == SelectorConfig().switch_cost_s
 
 
 @pytest.mark.parametrize("algorithm", ["ucb", "thompson"])
 def test_request_learns_away_from_a_wrong_prior_within_8_steps(algorithm: str) -> None:
-    """Prose requests under the mixture prior, which favours draft-code and draft-structured.
+    """Prose requests under the mixture prior, which favours sim-code and sim-structured.
 
-    Measured on 400 requests: after 8 steps ~96% (ucb) / ~90% (thompson) have tried draft-prose and
+    Measured on 400 requests: after 8 steps ~96% (ucb) / ~90% (thompson) have tried sim-prose and
     ~70% rank it first; in steps 9-16 it is chosen ~79% / ~73% of the time. One step's goodput is
-    noisy (1..5 tokens), so an unlucky first draft-prose step can hide it for a while.
+    noisy (1..5 tokens), so an unlucky first sim-prose step can hide it for a while.
     """
     sel = DraftSelector(SelectorConfig(algorithm=algorithm, seed=5), mixture_population(WORKLOAD))
     rng, arms, n = random.Random(5), _arms("prose"), 60
@@ -87,15 +87,15 @@ def test_request_learns_away_from_a_wrong_prior_within_8_steps(algorithm: str) -
     for i in range(n):
         rid = f"prose-{i}"
         first.append(sel.choose(rid, DRAFTERS))
-        tried += "draft-prose" in {_step(sel, rid, arms, rng) for _ in range(8)}
+        tried += "sim-prose" in {_step(sel, rid, arms, rng) for _ in range(8)}
         snap = sel.snapshot(rid)
-        ranked += max(snap, key=lambda name: snap[name][0]) == "draft-prose"
+        ranked += max(snap, key=lambda name: snap[name][0]) == "sim-prose"
         later += [_step(sel, rid, arms, rng) for _ in range(8)]
         sel.release(rid)
-    assert first.count("draft-prose") <= n // 5  # the prior really is wrong for this class
+    assert first.count("sim-prose") <= n // 5  # the prior really is wrong for this class
     assert tried >= 0.8 * n
     assert ranked >= 0.55 * n
-    assert later.count("draft-prose") >= 0.6 * len(later)
+    assert later.count("sim-prose") >= 0.6 * len(later)
 
 
 @pytest.mark.parametrize("algorithm", ["ucb", "thompson"])
@@ -124,14 +124,14 @@ def test_deterministic_with_a_seed(algorithm: str) -> None:
 
 def test_switch_cost() -> None:
     sel = DraftSelector(SelectorConfig(switch_cost_s=0.005))
-    assert sel.switch_cost_s("r", "draft-code") == 0.005  # a new request's first drafter catches up
-    sel.update("r", "draft-code", 3, 0.03)
-    assert sel.switch_cost_s("r", "draft-code") == 0.0
-    assert sel.switch_cost_s("r", "draft-prose") == 0.005
+    assert sel.switch_cost_s("r", "sim-code") == 0.005  # a new request's first drafter catches up
+    sel.update("r", "sim-code", 3, 0.03)
+    assert sel.switch_cost_s("r", "sim-code") == 0.0
+    assert sel.switch_cost_s("r", "sim-prose") == 0.005
     assert sel.switch_cost_s("r", PROMPT_LOOKUP) == 0.0  # model-free: no KV cache to catch up
-    sel.update("r", "draft-prose", 2, 0.03)
-    assert sel.switch_cost_s("r", "draft-code") == 0.005  # switching back catches up again
-    assert DraftSelector().switch_cost_s("x", "draft-code") == 0.002  # the default
+    sel.update("r", "sim-prose", 2, 0.03)
+    assert sel.switch_cost_s("r", "sim-code") == 0.005  # switching back catches up again
+    assert DraftSelector().switch_cost_s("x", "sim-code") == 0.002  # the default
     strict = DraftSelector(SelectorConfig(switch_free=frozenset()))
     assert strict.switch_cost_s("x", PROMPT_LOOKUP) == 0.002
 
@@ -139,51 +139,66 @@ def test_switch_cost() -> None:
 def test_population_from_stats_math() -> None:
     stats = {
         # 10 steps emitting 10 bonus + 25 accepted tokens in 0.08 + 0.20 s -> 35 / 0.28 = 125 tok/s
-        "draft-code": DrafterStats(drafts=10, draft_tokens=40, accepted_tokens=25,
+        "sim-code": DrafterStats(drafts=10, draft_tokens=40, accepted_tokens=25,
                                    draft_seconds=0.08, verify_seconds=0.20),
         # no time recorded: 4 steps, 4 + 6 tokens; with a 0.025 s/step hint -> 10 / 0.1 = 100 tok/s
-        "draft-prose": DrafterStats(drafts=4, draft_tokens=16, accepted_tokens=6),
+        "sim-prose": DrafterStats(drafts=4, draft_tokens=16, accepted_tokens=6),
         "unused": DrafterStats(),
     }
     pop = population_from_stats(stats)
-    assert set(pop) == {"draft-code"}
-    assert pop["draft-code"].mean_reward == pytest.approx(125.0)
-    assert pop["draft-code"].observations == 10
+    assert set(pop) == {"sim-code"}
+    assert pop["sim-code"].mean_reward == pytest.approx(125.0)
+    assert pop["sim-code"].observations == 10
     hinted = population_from_stats(stats, step_s_hint=0.025)
-    assert hinted["draft-prose"] == PopulationArm(pytest.approx(100.0), 4)
-    assert hinted["draft-code"].mean_reward == pytest.approx(125.0)  # real time wins over the hint
+    assert hinted["sim-prose"] == PopulationArm(pytest.approx(100.0), 4)
+    assert hinted["sim-code"].mean_reward == pytest.approx(125.0)  # real time wins over the hint
 
 
 def test_prior_weight_is_capped_and_posterior_mean_moves() -> None:
-    pop = {"draft-code": PopulationArm(100.0, 10_000), "draft-prose": PopulationArm(50.0, 1)}
+    pop = {"sim-code": PopulationArm(100.0, 10_000), "sim-prose": PopulationArm(50.0, 1)}
     sel = DraftSelector(SelectorConfig(prior_strength=3), pop)
-    sel.choose("r", {"draft-code", "draft-prose"})
-    assert sel.snapshot("r") == {"draft-code": (pytest.approx(100.0), 0), "draft-prose": (50.0, 0)}
+    sel.choose("r", {"sim-code", "sim-prose"})
+    assert sel.snapshot("r") == {"sim-code": (pytest.approx(100.0), 0), "sim-prose": (50.0, 0)}
     for _ in range(3):
-        sel.update("r", "draft-code", 2, 0.1)  # 20 tok/s, three times against a prior worth 3
-    sel.update("r", "draft-prose", 1, 0.01)  # 100 tok/s against a prior worth 1 observation
+        sel.update("r", "sim-code", 2, 0.1)  # 20 tok/s, three times against a prior worth 3
+    sel.update("r", "sim-prose", 1, 0.01)  # 100 tok/s against a prior worth 1 observation
     snap = sel.snapshot("r")
-    assert snap["draft-code"] == (pytest.approx(60.0), 3)
-    assert snap["draft-prose"] == (pytest.approx(75.0), 1)
-    assert sel.choose("r", {"draft-code", "draft-prose"}) == "draft-prose"
+    assert snap["sim-code"] == (pytest.approx(60.0), 3)
+    assert snap["sim-prose"] == (pytest.approx(75.0), 1)
+    assert sel.choose("r", {"sim-code", "sim-prose"}) == "sim-prose"
+
+
+def test_a_sampling_request_starts_from_the_sampled_population_entries() -> None:
+    pop = {"sim-code": PopulationArm(100.0, 500), "sim-code@sampled": PopulationArm(30.0, 500),
+           "sim-prose": PopulationArm(60.0, 500)}
+    sel = DraftSelector(SelectorConfig(), pop)
+    sel.begin("s", greedy=False)
+    sel.begin("g", greedy=True)
+    both = {"sim-code", "sim-prose"}
+    assert sel.choose("s", both) == "sim-prose"  # sampled, sim-code is worse than sim-prose
+    assert sel.choose("g", both) == "sim-code"
+    assert sel.snapshot("s") == {"sim-code": (pytest.approx(30.0), 0),
+                                 "sim-prose": (pytest.approx(60.0), 0)}  # greedy stands in
+    sel.begin("g", greedy=False)  # a known request keeps its state
+    assert sel.snapshot("g")["sim-code"] == (pytest.approx(100.0), 0)
 
 
 def test_discount_forgets_the_prior_faster() -> None:
-    pop = {"draft-code": PopulationArm(100.0, 1000)}
+    pop = {"sim-code": PopulationArm(100.0, 1000)}
     means = []
     for discount in (1.0, 0.8):
         sel = DraftSelector(SelectorConfig(discount=discount), pop)
         for _ in range(5):
-            sel.update("r", "draft-code", 2, 0.1)
-        means.append(sel.snapshot("r")["draft-code"][0])
+            sel.update("r", "sim-code", 2, 0.1)
+        means.append(sel.snapshot("r")["sim-code"][0])
     assert 20.0 < means[1] < means[0] < 100.0
     with pytest.raises(ValueError):
         DraftSelector(SelectorConfig(discount=0.0))
 
 
 def test_drafters_without_population_data_are_tried() -> None:
-    sel = DraftSelector(population={"draft-code": PopulationArm(100.0, 500)})
-    assert sel.choose("r", {"draft-code", "draft-new"}) == "draft-new"  # optimistic prior
+    sel = DraftSelector(population={"sim-code": PopulationArm(100.0, 500)})
+    assert sel.choose("r", {"sim-code", "draft-new"}) == "draft-new"  # optimistic prior
     blank = DraftSelector(SelectorConfig(seed=2))  # no population at all: each tried once first
     rng, arms = random.Random(3), _arms("code")
     assert {_step(blank, "r", arms, rng) for _ in range(4)} == DRAFTERS
@@ -193,8 +208,8 @@ def test_bad_steps_are_ignored() -> None:
     sel = DraftSelector(population=mixture_population(WORKLOAD))
     sel.choose("r", DRAFTERS)
     before = sel.snapshot("r")
-    sel.update("r", "draft-code", 3, 0.0)
-    sel.update("r", "draft-code", 3, float("nan"))
+    sel.update("r", "sim-code", 3, 0.0)
+    sel.update("r", "sim-code", 3, float("nan"))
     assert sel.snapshot("r") == before
 
 

@@ -62,7 +62,7 @@ class SimArm:
 
 def three_class_workload() -> list[SimArm]:
     """Code, prose and structured requests; each class has a different best draft model."""
-    names = ("draft-code", "draft-prose", "draft-structured", PROMPT_LOOKUP)
+    names = ("sim-code", "sim-prose", "sim-structured", PROMPT_LOOKUP)
     rates = {  # class -> accept rate of each of ``names``
         "code": (0.85, 0.55, 0.60, 0.35),
         "prose": (0.50, 0.80, 0.50, 0.20),

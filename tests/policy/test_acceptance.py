@@ -56,6 +56,21 @@ def test_tracker_seed_prior_min_observations_and_release() -> None:
         t.update("r", "d", 3, 4)
 
 
+def test_sampling_requests_are_seeded_from_the_sampled_population_entry() -> None:
+    t = AcceptanceTracker(ControllerConfig(prior_acceptance=0.4))
+    t.set_population({"d": 0.8, "d@sampled": 0.5, "e": 0.7})
+    t.begin("s", greedy=False)
+    t.begin("g", greedy=True)
+    assert t.get("s", "d") == 0.5 and t.get("g", "d") == 0.8 and t.get("never-opened", "d") == 0.8
+    assert t.get("s", "e") == 0.7  # no sampled entry yet: the greedy one stands in
+    assert t.prior("d", "s") == 0.5 and t.prior("x", "s") == 0.4
+    t.update("s", "d", 4, 0)  # its counts start at the sampled rate
+    t.update("s", "d", 4, 0)
+    assert t.get("s", "d") < 0.5
+    t.release("s")
+    assert t.get("s", "d") == 0.8  # forgotten: a new request of that id counts as greedy
+
+
 def test_tracker_all_accepted_moves_towards_one() -> None:
     t = AcceptanceTracker(ControllerConfig())
     t.set_population({"d": 0.5})

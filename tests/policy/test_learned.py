@@ -88,6 +88,24 @@ def test_the_step_prediction_follows_how_much_of_k_early_stopping_chains_draft()
         policy.close()
 
 
+def test_sampling_requests_start_from_the_sampled_population_statistics() -> None:
+    """The population entries of greedy and sampled steps (``population_name``) seed each
+    request by its decoding: here draft-code accepts 0.75 greedy and 0.1 sampled."""
+    pop = {"draft-code": _stats(100, 300), "draft-code@sampled": _stats(100, 40),
+           "draft-prose": _stats(100, 100), "draft-prose@sampled": _stats(100, 200)}
+    policy = LearnedPolicy(learned_config({"score_after": 0}), _cost(), population=lambda: pop)
+    try:
+        g, s = policy.choose([_view("g"), replace(_view("s"), greedy=False)],
+                             {"draft-code", "draft-prose"})
+        assert (g.drafter, s.drafter) == ("draft-code", "draft-prose")
+        tracker = policy.controller.tracker
+        assert tracker.get("g", "draft-code") == pytest.approx(0.75)
+        assert tracker.get("s", "draft-code") == pytest.approx(0.1)
+        assert tracker.get("s", "draft-prose") == pytest.approx(0.5)
+    finally:
+        policy.close()
+
+
 def test_population_prior_picks_the_best_drafter_first() -> None:
     pop = {"draft-code": _stats(100, 300), "draft-prose": _stats(100, 40),
            PROMPT_LOOKUP: _stats(100, 60)}

@@ -437,6 +437,20 @@ def test_step_info_and_accounting() -> None:
     asyncio.run(go())
 
 
+def test_sampling_requests_steps_count_in_their_own_population_entry() -> None:
+    async def go() -> None:
+        store = Store()
+        sched = scheduler(Recording("acct", 4), {"acct": FakeDrafter(2)}, store=store)
+        sched.submit(request("greedy", max_tokens=6))
+        sched.submit(RouterRequest("sampled", (1, 2, 3), 6,
+                                   SamplingParams(temperature=0.8, seed=1)))
+        await steps(sched)
+        names = [name for name, _, _ in store.records]
+        assert set(names) == {"acct", "acct@sampled"}
+        assert names.count("acct") == names.count("acct@sampled")  # one per step of each
+    asyncio.run(go())
+
+
 def test_kv_admission_follows_the_verifier_reports() -> None:
     async def go() -> None:
         verifier = FakeVerifier(free_blocks=3, num_blocks=100)

@@ -20,6 +20,7 @@ from spin.stats import (
     find_redis_server,
     free_port,
     open_stats_store,
+    population_name,
 )
 
 Step = tuple[str, int, int, float, float]
@@ -237,6 +238,22 @@ def test_redis_flush_then_population_exact(
     assert store.flush() is True
     assert store.flush() is True  # nothing pending: no double counting
     assert_population(store.population(), merged(POP_A, POP_B))
+
+
+def test_greedy_and_sampled_steps_keep_separate_entries_in_redis(
+    redis_server: RedisServer, make_store: Callable[..., RedisStatsStore]
+) -> None:
+    assert population_name("small", greedy=True) == "small"
+    assert population_name("small", greedy=False) == "small@sampled"
+    store = make_store(redis_server.url)
+    store.record(population_name("small", True), 4, 3, 0.01, 0.02)
+    store.record(population_name("small", False), 4, 1, 0.01, 0.02)
+    store.record(population_name("small", False), 2, 0, 0.01, 0.02)
+    assert store.flush() is True
+    pop = store.population()
+    assert (pop["small"].drafts, pop["small"].accepted_tokens) == (1, 3)
+    assert (pop["small@sampled"].drafts, pop["small@sampled"].draft_tokens) == (2, 6)
+    assert pop["small@sampled"].accepted_tokens == 1
 
 
 def test_background_thread_flushes(

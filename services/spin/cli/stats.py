@@ -43,5 +43,6 @@ def _stats(args: argparse.Namespace) -> int:
               f"{1e3 * st.draft_seconds / max(st.drafts, 1):8.2f} "
               f"{1e3 * st.verify_seconds / max(st.drafts, 1):9.2f}  {per_pos}")
     print("rate = accepted / drafted tokens; tau = 1 + accepted / steps (vLLM's mean acceptance "
-          "length, bonus token included); times are means per step")
+          "length, bonus token included); times are means per step; NAME@sampled: the steps of "
+          "sampling requests (NAME: greedy ones)")
     return 0

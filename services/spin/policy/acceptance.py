@@ -10,6 +10,11 @@ E[F] = 1 − a^k, ratio a). We keep exponentially discounted S and F (the newest
 population rate of the drafter. (SmartSpec's own EMA of accepted/drafted underestimates a because
 of the truncation; EMA-ing accepted/(accepted + 1) is biased too, e.g. 0.31 for a = 0.5.)
 
+The population rates are per ``stats.store.population_name``: a drafter's greedy and sampled
+steps accept differently, so a request opened with ``begin(request_id, greedy)`` is seeded from
+its own decoding's rate (the other's stands in for a drafter without one); one never opened counts
+as greedy.
+
 Evidence without a step (``add_evidence``), e.g. a drafter's greedy agreement with the request's
 own output, counts each position as one accepted or rejected draft token.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from ..stats.store import population_name
 
 if TYPE_CHECKING:
     from .goodput import ControllerConfig
@@ -46,16 +53,32 @@ class AcceptanceTracker:
     cfg: ControllerConfig = field(default_factory=_controller_config)
     """Uses ``ema``, ``prior_acceptance``, ``prior_trials`` and ``min_observations``."""
     population: dict[str, float] = field(default_factory=dict)
-    """Per-drafter population acceptance: the seed of new requests."""
+    """Population acceptance per entry (``population_name``): the seed of new requests."""
     _state: dict[str, dict[str, _Acc]] = field(default_factory=dict, repr=False)
     """request id -> drafter -> discounted counts"""
+    _sampled: set[str] = field(default_factory=set, repr=False)
+    """Requests opened as sampling ones (``begin``)."""
 
     def set_population(self, rates: dict[str, float]) -> None:
-        """Replace the per-drafter population rates (requests already seen keep their state)."""
+        """Replace the population rates, keyed by ``population_name`` (requests already seen
+        keep their state)."""
         self.population = {d: min(1.0, max(0.0, float(a))) for d, a in rates.items()}
 
-    def prior(self, drafter: str) -> float:
-        return self.population.get(drafter, self.cfg.prior_acceptance)
+    def begin(self, request_id: str, greedy: bool) -> None:
+        """``request_id`` decodes greedily or samples: which population rates seed it."""
+        if greedy:
+            self._sampled.discard(request_id)
+        else:
+            self._sampled.add(request_id)
+
+    def prior(self, drafter: str, request_id: str | None = None) -> float:
+        """The population rate of ``drafter`` for ``request_id``'s decoding (greedy when None or
+        never opened), else the other decoding's, else ``prior_acceptance``."""
+        greedy = request_id not in self._sampled
+        for name in (population_name(drafter, greedy), population_name(drafter, not greedy)):
+            if name in self.population:
+                return self.population[name]
+        return self.cfg.prior_acceptance
 
     def update(self, request_id: str, drafter: str, k: int, accepted: int) -> None:
         """One step of ``request_id`` drafted ``k`` tokens with ``drafter``; ``accepted`` of
@@ -84,7 +107,7 @@ class AcceptanceTracker:
         per = self._state.setdefault(request_id, {})
         st = per.get(drafter)
         if st is None:
-            a0 = self.prior(drafter)
+            a0 = self.prior(drafter, request_id)
             st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
         return st
 
@@ -96,8 +119,9 @@ class AcceptanceTracker:
         """The acceptance estimate of ``request_id`` with ``drafter``."""
         st = self._state.get(request_id, {}).get(drafter)
         if st is None or st.n < self.cfg.min_observations or st.s + st.f <= 0:
-            return self.prior(drafter)
+            return self.prior(drafter, request_id)
         return st.s / (st.s + st.f)
 
     def release(self, request_id: str) -> None:
         self._state.pop(request_id, None)
+        self._sampled.discard(request_id)

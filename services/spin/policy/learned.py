@@ -163,10 +163,18 @@ class LearnedPolicy:
             state = self._requests[request_id] = RequestState()
         return state
 
+    def _begin(self, r: RequestView) -> RequestState:
+        """``_state`` of a request in a step; at first sight the bandit and the acceptance
+        estimates are opened with the population of its decoding (greedy or sampling)."""
+        if r.request_id not in self._requests:
+            self.selector.begin(r.request_id, r.greedy)
+            self.controller.tracker.begin(r.request_id, r.greedy)
+        return self._state(r.request_id)
+
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
 
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
-        states = [self._state(r.request_id) for r in requests]
+        states = [self._begin(r) for r in requests]
         cands, drafters = self._drafters(requests, states, available)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
@@ -381,7 +389,7 @@ class LearnedPolicy:
         best k for acceptance ``rate``, worth ``score_trials`` steps."""
         best = self.controller.solo_goodput(request_id, drafter, rate, ctx)
         if best is None:  # no cost model: rescale the population prior instead
-            pop = self.controller.tracker.prior(drafter)
+            pop = self.controller.tracker.prior(drafter, request_id)
             self.selector.scale_prior(request_id, drafter,
                                       expected_tokens(rate, 4) / expected_tokens(pop, 4))
             return

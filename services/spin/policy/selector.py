@@ -7,7 +7,10 @@ or correction token), seconds = draft + verify seconds of the step + ``switch_co
 
 Warm start: ``set_population`` gives every drafter a prior mean reward from the population
 statistics (Redis, all requests and router replicas) worth at most ``prior_strength`` observations,
-so a new request starts from the population and learns its own difficulty in a few steps. Rewards
+so a new request starts from the population and learns its own difficulty in a few steps. Greedy
+and sampling requests have separate population entries (``stats.store.population_name``): a
+request opened with ``begin(request_id, greedy)`` starts from its own decoding's entry (the other's
+stands in for a drafter that has none yet); one never opened counts as greedy. Rewards
 are normalised by the best prior mean (by the request's first reward when there is no population),
 so tokens/s scales do not matter. A drafter with no population data gets an optimistic prior
 (``optimistic_mean``) so it is tried.
@@ -18,15 +21,15 @@ bandit's simulation (``spin/bench/selector_sim.py``), from ``print(regret_table(
 three_class_workload(), steps=(16, 32, 64), requests=1500, seed=0))`` (~5 s):
 
     algorithm      16 steps    32 steps    64 steps
-    thompson          0.131       0.083       0.050
+    thompson          0.128       0.089       0.051
     ucb               0.127       0.079       0.043
-    greedy            0.146       0.113       0.087
+    greedy            0.155       0.110       0.084
 
 Default: UCB (``ucb_c`` 0.3): the lowest regret at every horizon (seed 1: same order), deterministic
 given the data, and its first step is the prior's best arm. Thompson (``thompson_scale`` 0.5) is
 within 0.01, also on three other hand-made workloads at 32 steps, where plain Thompson (scale 1) or
 ucb_c 0.5 lost 0.01-0.03 more. Epsilon-greedy pays epsilon forever. At 32 steps with a correct prior
-(``prior="class"``) regret is 0.009 (ucb) / 0.004 (thompson); with none, 0.144 / 0.144: the rest
+(``prior="class"``) regret is 0.009 (ucb) / 0.004 (thompson); with none, 0.148 / 0.147: the rest
 above is finding the class's arm through noisy steps (1..5 tokens each).
 """
 
@@ -38,6 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from ..stats.store import SAMPLED_SUFFIX, population_name
 from .base import PROMPT_LOOKUP
 
 if TYPE_CHECKING:
@@ -139,6 +143,8 @@ class _Request:
     """Reward that normalises to 1.0 (best prior mean, or the first reward)."""
     arms: dict[str, _Arm] = field(default_factory=dict)
     """Drafter -> posterior, created when the drafter is first available or used."""
+    greedy: bool = True
+    """Greedy decoding: which population entries seed the arms (``population_name``)."""
     previous: str | None = None
     """Drafter of the last step (no switch cost for it)."""
     steps: int = 0
@@ -159,16 +165,37 @@ class DraftSelector:
         self._lock = threading.Lock()
         self._requests: dict[str, _Request] = {}
         self._population: dict[str, PopulationArm] = {}
-        self._scale: float | None = None
+        """Population entry (``population_name``) -> prior."""
+        self._scale: dict[bool, float | None] = {True: None, False: None}
+        """greedy -> the best prior mean reward of that decoding's requests."""
         self.set_population(population or {})
 
     def set_population(self, stats: dict[str, PopulationArm]) -> None:
-        """Replace the population priors; running requests keep the priors they started with."""
+        """Replace the population priors, keyed by ``population_name`` (a drafter's name for
+        greedy steps, ``{name}@sampled`` for sampling ones); running requests keep the priors they
+        started with."""
         usable = {n: a for n, a in stats.items()
                   if a.observations > 0 and math.isfinite(a.mean_reward) and a.mean_reward >= 0.0}
+        drafters = {n.removesuffix(SAMPLED_SUFFIX) for n in usable}
         with self._lock:
             self._population = usable
-            self._scale = max((a.mean_reward for a in usable.values()), default=0.0) or None
+            for greedy in (True, False):
+                means = [a.mean_reward for d in drafters
+                         if (a := self._prior(d, greedy)) is not None]
+                self._scale[greedy] = max(means, default=0.0) or None
+
+    def begin(self, request_id: str, greedy: bool) -> None:
+        """Open ``request_id`` with the population of its decoding (greedy or sampling); a
+        request already known keeps its state."""
+        with self._lock:
+            if request_id not in self._requests:
+                self._requests[request_id] = _Request(scale=self._scale[greedy], greedy=greedy)
+
+    def _prior(self, drafter: str, greedy: bool) -> PopulationArm | None:
+        """The population prior of ``drafter`` for requests of that decoding: its own entry, else
+        the other decoding's."""
+        return (self._population.get(population_name(drafter, greedy))
+                or self._population.get(population_name(drafter, not greedy)))
 
     def choose(self, request_id: str, available: set[str]) -> str:
         """The drafter for the request's next step, one of ``available``."""
@@ -282,13 +309,13 @@ class DraftSelector:
 
     def _request(self, request_id: str) -> _Request:
         return self._requests.get(request_id) or self._requests.setdefault(
-            request_id, _Request(scale=self._scale))
+            request_id, _Request(scale=self._scale[True]))
 
     def _arm(self, req: _Request, name: str) -> _Arm:
         arm = req.arms.get(name)
         if arm is None:
             cfg = self.config
-            pop = self._population.get(name)
+            pop = self._prior(name, req.greedy)
             if pop is not None and req.scale:
                 mean = pop.mean_reward / req.scale
                 weight = min(pop.observations, cfg.prior_strength)

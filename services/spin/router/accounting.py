@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..obs import metrics
 from ..policy.base import StepChoice, StepPrediction
-from ..stats.store import StatsStore
+from ..stats.store import StatsStore, population_name
 from .requests import DrafterTally, RouterRequest
 
 
@@ -93,7 +93,8 @@ class Accounting:
             for pos in range(1, accepted + 1):
                 metrics.SPEC_ACCEPTED_POS.labels(name, str(pos)).inc()
             if self.store is not None:
-                self.store.record(name, drafted, accepted, draft_s, verify_s)
+                self.store.record(population_name(name, r.sampling.greedy), drafted, accepted,
+                                  draft_s, verify_s)
         else:
             r.steps_off += 1
         return StepInfo(name, k, drafted, accepted, draft_s + verify_s, predicted_s, batch_size)

@@ -8,10 +8,12 @@ background thread) or, without a URL, a ``MemoryStatsStore``. ``RedisServer`` ru
 from .redis_server import RedisServer, find_redis_server, free_port
 from .store import (
     DEFAULT_KEY_PREFIX,
+    SAMPLED_SUFFIX,
     DrafterStats,
     MemoryStatsStore,
     StatsStore,
     open_stats_store,
+    population_name,
 )
 from .redis_store import RedisStatsStore
 
@@ -21,8 +23,10 @@ __all__ = [
     "MemoryStatsStore",
     "RedisServer",
     "RedisStatsStore",
+    "SAMPLED_SUFFIX",
     "StatsStore",
     "find_redis_server",
     "free_port",
     "open_stats_store",
+    "population_name",
 ]

@@ -20,6 +20,7 @@ from spin.stats import (
     find_redis_server,
     free_port,
     open_stats_store,
+    population_entry,
     population_name,
 )
 
@@ -245,6 +246,10 @@ def test_greedy_and_sampled_steps_keep_separate_entries_in_redis(
 ) -> None:
     assert population_name("small", greedy=True) == "small"
     assert population_name("small", greedy=False) == "small@sampled"
+    entries = {"small": 1, "small@sampled": 2, "big": 3}
+    assert population_entry(entries, "small", greedy=False) == 2
+    assert population_entry(entries, "big", greedy=False) == 3  # the other decoding stands in
+    assert population_entry(entries, "none", greedy=True) is None
     store = make_store(redis_server.url)
     store.record(population_name("small", True), 4, 3, 0.01, 0.02)
     store.record(population_name("small", False), 4, 1, 0.01, 0.02)

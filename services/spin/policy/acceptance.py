@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..stats.store import population_name
+from ..stats.store import population_entry
 
 if TYPE_CHECKING:
     from .goodput import ControllerConfig
@@ -74,11 +74,8 @@ class AcceptanceTracker:
     def prior(self, drafter: str, request_id: str | None = None) -> float:
         """The population rate of ``drafter`` for ``request_id``'s decoding (greedy when None or
         never opened), else the other decoding's, else ``prior_acceptance``."""
-        greedy = request_id not in self._sampled
-        for name in (population_name(drafter, greedy), population_name(drafter, not greedy)):
-            if name in self.population:
-                return self.population[name]
-        return self.cfg.prior_acceptance
+        rate = population_entry(self.population, drafter, request_id not in self._sampled)
+        return self.cfg.prior_acceptance if rate is None else rate
 
     def update(self, request_id: str, drafter: str, k: int, accepted: int) -> None:
         """One step of ``request_id`` drafted ``k`` tokens with ``drafter``; ``accepted`` of

@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from ..stats.store import SAMPLED_SUFFIX, population_name
+from ..stats.store import SAMPLED_SUFFIX, population_entry
 from .base import PROMPT_LOOKUP
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class DraftSelector:
             self._population = usable
             for greedy in (True, False):
                 means = [a.mean_reward for d in drafters
-                         if (a := self._prior(d, greedy)) is not None]
+                         if (a := population_entry(usable, d, greedy)) is not None]
                 self._scale[greedy] = max(means, default=0.0) or None
 
     def begin(self, request_id: str, greedy: bool) -> None:
@@ -190,12 +190,6 @@ class DraftSelector:
         with self._lock:
             if request_id not in self._requests:
                 self._requests[request_id] = _Request(scale=self._scale[greedy], greedy=greedy)
-
-    def _prior(self, drafter: str, greedy: bool) -> PopulationArm | None:
-        """The population prior of ``drafter`` for requests of that decoding: its own entry, else
-        the other decoding's."""
-        return (self._population.get(population_name(drafter, greedy))
-                or self._population.get(population_name(drafter, not greedy)))
 
     def choose(self, request_id: str, available: set[str]) -> str:
         """The drafter for the request's next step, one of ``available``."""
@@ -315,7 +309,7 @@ class DraftSelector:
         arm = req.arms.get(name)
         if arm is None:
             cfg = self.config
-            pop = self._prior(name, req.greedy)
+            pop = population_entry(self._population, name, req.greedy)
             if pop is not None and req.scale:
                 mean = pop.mean_reward / req.scale
                 weight = min(pop.observations, cfg.prior_strength)

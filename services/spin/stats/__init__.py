@@ -13,6 +13,7 @@ from .store import (
     MemoryStatsStore,
     StatsStore,
     open_stats_store,
+    population_entry,
     population_name,
 )
 from .redis_store import RedisStatsStore
@@ -28,5 +29,6 @@ __all__ = [
     "find_redis_server",
     "free_port",
     "open_stats_store",
+    "population_entry",
     "population_name",
 ]

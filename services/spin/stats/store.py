@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,17 @@ def population_name(drafter: str, greedy: bool) -> str:
     (``models/demo/README.md``), about 0.83 per token, against about 0.58 per token of sampled
     output (temperature 0.8, top-p 0.95). One entry for both would give each the other's rate."""
     return drafter if greedy else drafter + SAMPLED_SUFFIX
+
+
+_T = TypeVar("_T")
+
+
+def population_entry(entries: Mapping[str, _T], drafter: str, greedy: bool) -> _T | None:
+    """``drafter``'s value in ``entries`` (keyed by ``population_name``) for requests of that
+    decoding: its own decoding's, else the other's (a drafter without statistics of its own
+    decoding yet), else None."""
+    own = entries.get(population_name(drafter, greedy))
+    return own if own is not None else entries.get(population_name(drafter, not greedy))
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spin.bench.fit import FitBenchConfig, run_fit_bench, summarize
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.policy.learned_config import LearnedPolicyConfig
 
 

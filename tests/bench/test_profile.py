@@ -7,7 +7,7 @@ from pathlib import Path
 
 from spin.bench.profile import ProfileConfig, run_profile
 from spin.engine import quant
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 
 
 class TinyGrid(ProfileConfig):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.policy.goodput import (DEFAULT_TABLE, ControllerConfig, SpecLengthController,
                                  expected_tokens)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.policy.chain_length import EMA
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
 

@@ -6,7 +6,7 @@ import pytest
 from spin.engine.prompt_lookup import PromptLookupIndex, lookup_tree
 from spin.engine.tree import TokenTree
 from spin.policy.base import RequestView
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.policy.goodput import ControllerConfig, SpecLengthController
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.policy.tree_choice import Candidate, RunnerUps, choose_shapes, outcome

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from spin.engine.model_runner import RunnerConfig
-from spin.policy.cost_model import CostModel
+from spin.timing.cost_model import CostModel
 from spin.v1 import token_tree_pb2, verifier_pb2
 from spin.verifier.decompose import (DEFAULT_VERIFY, GroupCost, decompose, default_cost_model,
                                      padded_fraction)

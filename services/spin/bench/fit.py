@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..policy.cost_model import CostModel
+from ..timing.cost_model import CostModel
 from ..policy.goodput import SpecLengthController
 from ..policy.learned_config import LearnedPolicyConfig
 from ..policy.prompt_fit import PromptFit

@@ -3,7 +3,7 @@
 Verification: one target forward over ``batch`` requests, each scoring ``tokens`` new tokens after a
 context of ``context`` tokens (the grid below). Drafting: one drafter call drafting a chain of k for
 ``batch`` requests after a context (catch-up of the last token included, as in serving). Each point
-is the median of a few repetitions. The fitted ``CostModel`` (``policy/cost_model.py``) is written
+is the median of a few repetitions. The fitted ``CostModel`` (``timing/cost_model.py``) is written
 as JSON with its fit error (MAPE) on the measured points; the router's speculation-length
 controller reads it, and its batch-size -> k table comes from it.
 """
@@ -11,8 +11,6 @@ controller reads it, and its batch-size -> k table comes from it.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,12 +18,14 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig
 
-from ..engine.drafter import DraftRequest, ModelDrafter
+from ..engine.drafter import ModelDrafter
 from ..engine.kv_cache import BLOCK_SIZE
 from ..engine.memory import ModelShape, resolve_device, resolve_dtype
-from ..engine.model_runner import ForwardItem, ModelRunner, RunnerConfig
+from ..engine.model_runner import ModelRunner, RunnerConfig
 from ..engine.quant import Quantization
-from ..policy.cost_model import CostModel, DraftSample, VerifySample, k_table
+from ..policy.goodput import k_table
+from ..timing.cost_model import CostModel
+from ..timing.measure import profile_draft, profile_verify
 from ..zoo.report import family_members
 from ..zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -68,84 +68,6 @@ class ProfileConfig:
         if self.quick:
             return (1, 4, 16, 32), (1, 5, 9), (64, 384), (1, 4, 8), 3
         return self.batches, self.tokens, self.contexts, self.draft_ks, self.reps
-
-
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])  # the first is a warm-up
-
-
-@torch.inference_mode()
-def profile_verify(runner: ModelRunner, batches, tokens, contexts, reps: int,
-                   bar: tqdm) -> list[VerifySample]:
-    samples = []
-    blocks = runner.cache.blocks
-    for ctx in contexts:
-        for b in batches:
-            if b * blocks.blocks_for(ctx + max(tokens)) > blocks.num_blocks:
-                bar.update(len(tokens))  # more than the cache holds at once
-                continue
-            seqs = [blocks.admit(f"profile-{i}") for i in range(b)]
-            try:
-                prefix = tuple(range(3, 3 + ctx))
-                for s in seqs:
-                    runner.forward([ForwardItem(s, prefix)])
-                    runner.cache.commit(s, ctx)
-                for n in tokens:
-                    items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in seqs]
-                    secs = _median_time(lambda: runner.forward(items), reps)
-                    samples.append(VerifySample(b, b * n, b * ctx, secs))
-                    bar.update()
-                    if n > 1 and (n - 1) % 2 == 0 and b <= 16:  # as many tokens, as a tree
-                        half = (n - 1) // 2  # the context's last token, two branches of half
-                        parents = (-1, 0, *range(1, half), 0, *range(half + 1, n - 1))
-                        trees = [ForwardItem(s, tuple(range(5, 5 + n)), parents) for s in seqs]
-                        secs = _median_time(lambda: runner.forward(trees), reps)
-                        samples.append(VerifySample(b, b * n, b * ctx, secs, tree=True))
-            finally:
-                for s in seqs:
-                    blocks.free(s)
-    return samples
-
-
-@torch.inference_mode()
-def profile_draft(name: str, drafter: ModelDrafter, batches, ks, contexts, reps: int,
-                  bar: tqdm) -> list[DraftSample]:
-    samples = []
-    blocks = drafter.runner.cache.blocks
-    for ctx in contexts:
-        for b in batches:
-            if (b * blocks.blocks_for(ctx + max(ks) + 1) > blocks.free_blocks
-                    or b > blocks.free_seqs):
-                bar.update(len(ks))  # more than the cache holds at once
-                continue
-            ids = [f"profile-{name}-{ctx}-{b}-{i}" for i in range(b)]
-            contexts_ = [tuple(range(3 + i, 3 + i + ctx)) for i in range(b)]
-            try:
-                for k in ks:
-                    drafter.propose([DraftRequest(rid, c, k, keep=0)  # prefill once
-                                     for rid, c in zip(ids, contexts_)])
-                    # timed: the context as it is, then one more token (a catch-up of one)
-                    same = [DraftRequest(rid, (), k, keep=ctx) for rid in ids]
-                    step = [DraftRequest(rid, (7,), k, keep=ctx) for rid in ids]
-                    secs = _median_time(lambda: (drafter.propose(same), drafter.propose(step)),
-                                        reps) / 2
-                    samples.append(DraftSample(name, b, k, b * ctx, secs))
-                    bar.update()
-                    if k > 1 and b <= 4:  # the same levels as a tree of two branches
-                        same = [DraftRequest(rid, (), k, (2,), keep=ctx + 1) for rid in ids]
-                        step = [DraftRequest(rid, (8,), k, (2,), keep=ctx + 1) for rid in ids]
-                        secs = _median_time(lambda: (drafter.propose(same),
-                                                     drafter.propose(step)), reps) / 2
-                        samples.append(DraftSample(name, b, k, b * ctx, secs, tree=True))
-            finally:
-                for rid in ids:
-                    drafter.release(rid)
-    return samples
 
 
 def run_profile(cfg: ProfileConfig) -> dict:

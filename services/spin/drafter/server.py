@@ -23,7 +23,7 @@ from ..engine.model_runner import RunnerConfig, describe
 from ..engine.tree import TokenTree
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
-from ..policy.cost_model import DraftSample
+from ..timing.cost_model import DraftSample
 from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_to_proto
 from ..rpc.decode import add_servicer

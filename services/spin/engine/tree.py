@@ -3,6 +3,9 @@
 A tree hangs off the request's last context token. Nodes are listed parents-first; ``parents[i]`` is
 the index of node i's parent, or -1 when node i directly follows the context. A chain of k drafted
 tokens is the tree with parents ``[-1, 0, 1, ..., k-2]``. Mirrors ``spin.v1.TokenTree``.
+
+A tree's *shape* is ``branching``: children per node per level (1 past its end; () = a chain);
+``nodes`` and ``fed`` count what a shape costs to verify and to draft.
 """
 
 from __future__ import annotations
@@ -10,6 +13,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+
+Shape = tuple[int, ...]
+"""Children per node per level (past its end: 1)."""
+
+
+def widths(branching: Shape, k: int) -> list[int]:
+    """Children per node at each of the k levels."""
+    return [branching[d] if d < len(branching) else 1 for d in range(k)]
+
+
+def nodes(branching: Shape, k: int) -> int:
+    """Nodes of the tree (draft tokens sent for verification)."""
+    total, width = 0, 1
+    for b in widths(branching, k):
+        width *= b
+        total += width
+    return total
+
+
+def fed(branching: Shape, k: int) -> int:
+    """Tokens a drafter's forwards take in past its context: a chain feeds each new leaf once
+    (k - 1); a tree re-feeds all its nodes at each level but the last."""
+    if all(b == 1 for b in widths(branching, k)):
+        return max(k - 1, 0)
+    total, level_nodes = 0, 0
+    width = 1
+    for b in widths(branching, k)[:-1]:
+        width *= b
+        level_nodes += width
+        total += level_nodes
+    return total
 
 
 @dataclass(frozen=True)

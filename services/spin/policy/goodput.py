@@ -47,15 +47,14 @@ gets k = 0. Without a cost model the controller uses a batch-size → k table (S
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
+from ..timing.cost_model import CostModel
 from .acceptance import AcceptanceTracker
-
-if TYPE_CHECKING:
-    from .cost_model import CostModel
 
 DEFAULT_TABLE: dict[int, int] = {1: 4, 4: 3, 16: 2, 32: 1, 64: 0}
 """Batch size → k when there is no cost model (nearest batch size at or below)."""
@@ -398,3 +397,41 @@ class SpecLengthController:
         for name, pred in predicted_draft.items():
             if draft_s.get(name, 0.0) > 0:
                 self.cost.shift_intercept(name, rate * (draft_s[name] - pred))
+
+
+def k_table(model: CostModel, acceptance: dict[str, float], batch_sizes: Iterable[int],
+            k_max: int, context: int, *, margin: float = 0.0,
+            pipelined: bool = False) -> dict[int, int]:
+    """Synergy's batch-size → k table from a cost model.
+
+    For each batch size B: a uniform batch of B requests, each with ``context`` tokens of context
+    and the *mean* of ``acceptance`` (over the drafters named there), drafting with cost = the mean
+    predicted draft time over those drafters that have a cost. k maximises::
+
+        B·E(a, k) / (t_draft(B, k) + t_verify(B, B·(k+1), B·context))   (max(·,·) if pipelined)
+
+    with E(a, k) = (1 − a^(k+1)) / (1 − a); k = 0 unless it beats k = 0 by ``margin``; ties go to
+    the smaller k.
+    """
+    names = [n for n in acceptance if model.has_drafter(n)]
+    a = float(np.mean(list(acceptance.values()))) if acceptance else 0.0
+    out: dict[int, int] = {}
+    for b in sorted(set(int(x) for x in batch_sizes)):
+        if b <= 0:
+            continue
+
+        def goodput(k: int) -> float:
+            draft = (float(np.mean([model.predict_draft(n, b, k, b * context) for n in names]))
+                     if names and k > 0 else 0.0)
+            verify = model.predict_verify(b, b * (k + 1), b * context)
+            step = max(draft, verify) if pipelined else draft + verify
+            return b * expected_tokens(a, k) / step if step > 0 else math.inf
+
+        base = goodput(0)
+        best_k, best = 0, base
+        for k in range(1, (k_max if names else 0) + 1):
+            g = goodput(k)
+            if g > best:
+                best_k, best = k, g
+        out[b] = best_k if best >= (1 + margin) * base else 0
+    return out

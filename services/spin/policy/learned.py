@@ -82,7 +82,7 @@ from collections.abc import Callable
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
 from .chain_length import ChainLength
-from .cost_model import CostModel
+from ..timing.cost_model import CostModel
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
 from .prompt_fit import PromptFit

@@ -19,44 +19,16 @@ and the expected accepted tokens of a shape are, from the leaves up,
 
 (every child at one depth has the same sub-shape). A chain is b = 1 everywhere: E = the familiar
 alpha (1 - alpha^k) / (1 - alpha). Trees pay in tokens verified (``nodes + 1`` rows instead of
-``k + 1``) and drafted (a tree re-feeds its nodes at each level): ``nodes`` and ``fed``.
+``k + 1``) and drafted (a tree re-feeds its nodes at each level): ``nodes`` and ``fed`` (``engine/tree.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-Shape = tuple[int, ...]
-"""Children per node per level (past its end: 1)."""
+from ..engine.tree import Shape, fed, nodes, widths
 
-
-def widths(branching: Shape, k: int) -> list[int]:
-    """Children per node at each of the k levels."""
-    return [branching[d] if d < len(branching) else 1 for d in range(k)]
-
-
-def nodes(branching: Shape, k: int) -> int:
-    """Nodes of the tree (draft tokens sent for verification)."""
-    total, width = 0, 1
-    for b in widths(branching, k):
-        width *= b
-        total += width
-    return total
-
-
-def fed(branching: Shape, k: int) -> int:
-    """Tokens a drafter's forwards take in past its context: a chain feeds each new leaf once
-    (k - 1); a tree re-feeds all its nodes at each level but the last."""
-    if all(b == 1 for b in widths(branching, k)):
-        return max(k - 1, 0)
-    total, level_nodes = 0, 0
-    width = 1
-    for b in widths(branching, k)[:-1]:
-        width *= b
-        level_nodes += width
-        total += level_nodes
-    return total
-
+__all__ = ["Shape", "candidates", "expected_accepted", "fed", "nodes", "pass_rate", "widths"]
 
 def pass_rate(alpha: float, beta: float, children: int) -> float:
     """Probability that the walk goes on past a node with ``children`` ranked children."""

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..policy.cost_model import CostModel, DraftSample, VerifySample
+from ..timing.cost_model import CostModel, DraftSample, VerifySample
 from ..rpc.step_times import draft_from_proto, verify_from_proto
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from ..engine.translate import Translator
 from ..engine.vocab import TokenizerId, identify, incompatibility
 from ..obs import metrics
 from ..policy.base import FixedPolicy, Policy
-from ..policy.cost_model import CostModel
+from ..timing.cost_model import CostModel
 from ..rpc.convert import logprobs_to_proto
 from ..rpc.decode import add_servicer
 from ..rpc.serving import Hooks, ServerConfig, announce, serve

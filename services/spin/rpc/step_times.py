@@ -3,7 +3,7 @@ earlier start) and reported in its ``ModelInfo``, so that every router fits its 
 what its replicas report. No profile step anywhere: ``spin serve`` and the Helm chart alike.
 
 The verifier times target forwards over a grid of (batch, new tokens, context), a drafter its
-draft calls over (batch, k, context): ``spin profile --quick``'s grid (``bench/profile.py``),
+draft calls over (batch, k, context): ``spin profile --quick``'s grid (``timing/measure.py``),
 with the threads, cores, device, dtype and weights the service serves with, in its own process.
 Points the KV cache cannot hold at once are left out. The measurement takes tens of seconds on
 a CPU and is cached under ``$XDG_CACHE_HOME/spin/step-times/`` (``~/.cache`` without it), keyed
@@ -32,7 +32,8 @@ from tqdm import tqdm
 
 from ..engine.drafter import ModelDrafter
 from ..engine.model_runner import ModelRunner
-from ..policy.cost_model import DraftSample, VerifySample
+from ..timing.cost_model import DraftSample, VerifySample
+from ..timing.measure import profile_draft, profile_verify
 from ..v1 import model_info_pb2
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,6 @@ def _one_at_a_time(directory: Path) -> Iterator[None]:
 def verifier_times(runner: ModelRunner, model_path: str, mode: StepTimesMode = "auto",
                    cache: Path | None = None, grid: Grid = Grid()) -> list[VerifySample]:
     """The verifier's forwards over the grid (measured or cached; [] with mode off)."""
-    from ..bench.profile import profile_verify
-
     if mode == "off":
         return []
 
@@ -147,8 +146,6 @@ def drafter_times(drafter: ModelDrafter, model_path: str, mode: StepTimesMode = 
                   cache: Path | None = None, grid: Grid = Grid(), quantized: bool = False,
                   ) -> list[DraftSample]:
     """The drafter's calls over the grid (measured or cached; [] with mode off)."""
-    from ..bench.profile import profile_draft
-
     if mode == "off":
         return []
 

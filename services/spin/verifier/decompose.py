@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..policy.cost_model import CostModel
+from ..timing.cost_model import CostModel
 
 GroupCost = Callable[[int, int, int], float]
 """(rows, max_q, max_k) -> seconds of one forward over a group of ``rows`` requests."""

@@ -24,7 +24,7 @@ from ..engine.model_runner import RunnerConfig, describe
 from ..engine.verifier import Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
-from ..policy.cost_model import CostModel, VerifySample
+from ..timing.cost_model import CostModel, VerifySample
 from ..rpc.batches import in_order
 from ..rpc.convert import logprobs_to_proto, sampling_from_proto, tree_from_proto
 from ..rpc.decode import add_servicer

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP
-from spin.policy.cost_model import (CostModel, DraftSample, VerifySample, k_table, nnls)
+from spin.policy.goodput import k_table
+from spin.timing.cost_model import CostModel, DraftSample, VerifySample, nnls
 
 TRUE_V = (2e-3, 1e-5, 2e-5, 1e-7, 1e-9)
 TRUE_D = {"small": (5e-4, 3e-4, 2e-6, 1e-9, 1e-4), "big": (1e-3, 8e-4, 5e-6, 3e-9, 0.0)}
@@ -245,7 +246,7 @@ def test_shift_intercept_moves_one_part_and_stops_at_zero() -> None:
 def test_tree_terms_are_fitted_on_what_trees_cost_beyond_chains(tmp_path: Path) -> None:
     """Tree samples (as many tokens or levels as their chains) fit what a tree adds: seconds
     per token scored, and per node a drafter re-feeds; the chain fit ignores them."""
-    from spin.policy.tree_shape import fed
+    from spin.engine.tree import fed
 
     grid = [(b, n, b * ctx) for b in (1, 4, 16) for n in (1, 5, 9) for ctx in (64, 384)]
     chains = [VerifySample(b, b * n, c, _tv(b, b * n, c)) for b, n, c in grid]

@@ -1,0 +1,104 @@
+"""Step times measured on this machine: target forwards (verification) and drafter calls.
+
+Verification: one target forward over ``batch`` requests, each scoring ``tokens`` new tokens after
+a context of ``context`` tokens, as a chain and (where the count allows) as a tree of two
+branches. Drafting: one drafter call drafting k levels for ``batch`` requests after a context
+(catch-up of the last token included, as in serving). Each point is the median of a few
+repetitions after a warm-up. The services measure themselves with these at start
+(``rpc/step_times.py``); ``spin profile`` fits a ``CostModel`` file from them
+(``bench/profile.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..engine.drafter import DraftRequest, ModelDrafter
+from ..engine.model_runner import ForwardItem, ModelRunner
+from .cost_model import DraftSample, VerifySample
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """The median of ``reps`` timed calls of ``fn`` after one untimed warm-up call."""
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])  # the first is a warm-up
+
+
+@torch.inference_mode()
+def profile_verify(runner: ModelRunner, batches: Sequence[int], tokens: Sequence[int],
+                   contexts: Sequence[int], reps: int, bar: tqdm) -> list[VerifySample]:
+    """Target forwards over the grid; points the KV cache cannot hold at once are skipped."""
+    samples = []
+    blocks = runner.cache.blocks
+    for ctx in contexts:
+        for b in batches:
+            if b * blocks.blocks_for(ctx + max(tokens)) > blocks.num_blocks:
+                bar.update(len(tokens))  # more than the cache holds at once
+                continue
+            seqs = [blocks.admit(f"profile-{i}") for i in range(b)]
+            try:
+                prefix = tuple(range(3, 3 + ctx))
+                for s in seqs:
+                    runner.forward([ForwardItem(s, prefix)])
+                    runner.cache.commit(s, ctx)
+                for n in tokens:
+                    items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in seqs]
+                    secs = median_time(lambda: runner.forward(items), reps)
+                    samples.append(VerifySample(b, b * n, b * ctx, secs))
+                    bar.update()
+                    if n > 1 and (n - 1) % 2 == 0 and b <= 16:  # as many tokens, as a tree
+                        half = (n - 1) // 2  # the context's last token, two branches of half
+                        parents = (-1, 0, *range(1, half), 0, *range(half + 1, n - 1))
+                        trees = [ForwardItem(s, tuple(range(5, 5 + n)), parents) for s in seqs]
+                        secs = median_time(lambda: runner.forward(trees), reps)
+                        samples.append(VerifySample(b, b * n, b * ctx, secs, tree=True))
+            finally:
+                for s in seqs:
+                    blocks.free(s)
+    return samples
+
+
+@torch.inference_mode()
+def profile_draft(name: str, drafter: ModelDrafter, batches: Sequence[int], ks: Sequence[int],
+                  contexts: Sequence[int], reps: int, bar: tqdm) -> list[DraftSample]:
+    """Draft calls of ``drafter`` over the grid; points its cache cannot hold are skipped."""
+    samples = []
+    blocks = drafter.runner.cache.blocks
+    for ctx in contexts:
+        for b in batches:
+            if (b * blocks.blocks_for(ctx + max(ks) + 1) > blocks.free_blocks
+                    or b > blocks.free_seqs):
+                bar.update(len(ks))  # more than the cache holds at once
+                continue
+            ids = [f"profile-{name}-{ctx}-{b}-{i}" for i in range(b)]
+            contexts_ = [tuple(range(3 + i, 3 + i + ctx)) for i in range(b)]
+            try:
+                for k in ks:
+                    drafter.propose([DraftRequest(rid, c, k, keep=0)  # prefill once
+                                     for rid, c in zip(ids, contexts_)])
+                    # timed: the context as it is, then one more token (a catch-up of one)
+                    same = [DraftRequest(rid, (), k, keep=ctx) for rid in ids]
+                    step = [DraftRequest(rid, (7,), k, keep=ctx) for rid in ids]
+                    secs = median_time(lambda: (drafter.propose(same), drafter.propose(step)),
+                                        reps) / 2
+                    samples.append(DraftSample(name, b, k, b * ctx, secs))
+                    bar.update()
+                    if k > 1 and b <= 4:  # the same levels as a tree of two branches
+                        same = [DraftRequest(rid, (), k, (2,), keep=ctx + 1) for rid in ids]
+                        step = [DraftRequest(rid, (8,), k, (2,), keep=ctx + 1) for rid in ids]
+                        secs = median_time(lambda: (drafter.propose(same),
+                                                     drafter.propose(step)), reps) / 2
+                        samples.append(DraftSample(name, b, k, b * ctx, secs, tree=True))
+            finally:
+                for rid in ids:
+                    drafter.release(rid)
+    return samples

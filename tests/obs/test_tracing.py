@@ -319,8 +319,8 @@ def memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 
 
 def _router_request(rid: str = "r1") -> SimpleNamespace:
-    return SimpleNamespace(request_id=rid, prompt=(1, 2, 3), max_tokens=8, mode="drafter",
-                           drafter="d", k=2, trace=None)
+    params = SimpleNamespace(max_tokens=8, mode="drafter", drafter="d", k=2)
+    return SimpleNamespace(request_id=rid, prompt=(1, 2, 3), params=params, trace=None)
 
 
 def test_off_without_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:

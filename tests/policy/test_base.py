@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from spin.policy import FixedPolicy, RequestView, StepChoice
 from spin.policy.base import PROMPT_LOOKUP
+from spin.policy.outcome import RequestOutcome, StepOutcome
 
 ALL = {PROMPT_LOOKUP, "draft-code", "draft-prose"}
 
@@ -98,6 +99,8 @@ def test_policy_k_zero_does_not_speculate() -> None:
 def test_observe_and_release_are_no_ops() -> None:
     p = FixedPolicy(drafter="draft-code", k=2)
     choice = StepChoice("draft-code", 2)
-    assert p.observe("r", choice, accepted=2, draft_s=0.01, verify_s=0.02) is None
+    step = StepOutcome((RequestOutcome("r", True, choice, 2, 2, 3, True),), None, 0.01, 0.02,
+                       0.03)
+    assert p.observe(step) is None
     assert p.release("r") is None
     assert p.choose([_view("r")], ALL) == [choice]  # stateless

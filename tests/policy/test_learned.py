@@ -11,6 +11,7 @@ from spin.timing.cost_model import CostModel
 from spin.policy.chain_length import EMA
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
+from policy.steps import observe, observe_score, observe_step
 
 DRAFTERS = {"draft-code", "draft-prose", PROMPT_LOOKUP}
 
@@ -75,7 +76,7 @@ def test_the_step_prediction_follows_how_much_of_k_early_stopping_chains_draft()
         assert plan.prediction.verify_s == pytest.approx(verify)  # nothing seen yet
         c, fraction = first, 1.0
         for _ in range(5):  # every chain stops at half its k (all of it accepted)
-            policy.observe("a", replace(c, k=c.k // 2), c.k // 2, 0.01, 0.01)
+            observe(policy, "a", replace(c, k=c.k // 2), c.k // 2, 0.01, 0.01)
             fraction += EMA * ((c.k // 2) / c.k - fraction)
             plan = policy.choose([_view("a")], DRAFTERS)
             (c,) = plan
@@ -127,7 +128,7 @@ def test_a_request_learns_its_own_drafter_against_the_prior() -> None:
             (c,) = policy.choose([_view("p")], DRAFTERS)
             chosen.append(c.drafter)
             accepted = c.k if c.drafter == "draft-prose" else 0
-            policy.observe("p", c, accepted, 0.001 * c.k, 0.011)
+            observe(policy, "p", c, accepted, 0.001 * c.k, 0.011)
         assert chosen[0] == "draft-code"
         assert chosen[-10:].count("draft-prose") >= 8, chosen
     finally:
@@ -158,7 +159,7 @@ def test_a_named_drafter_without_its_k_gets_the_controllers_alone_in_its_batch()
             (c,) = plan
             assert (c.drafter, c.stop_below) == ("draft-code", 0.25) and c.k > 1
             assert plan.prediction.draft_s["draft-code"] > 0
-            policy.observe("a", c, c.k, 0.004, 0.011)
+            observe(policy, "a", c, c.k, 0.004, 0.011)
         (off, low) = policy.choose([_view("b", "off"), _view("c", "drafter", "draft-prose")],
                                    DRAFTERS)
         assert off.drafter is None and low.drafter in ("draft-prose", None)
@@ -204,12 +205,12 @@ def test_output_scores_pick_the_drafter_that_fits_the_request() -> None:
     try:
         (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
         assert c.drafter == "draft-code" and c.score == ()  # the population's best, no scores yet
-        policy.observe("p", c, 0, 0.004, 0.011)
+        observe(policy, "p", c, 0, 0.004, 0.011)
         (c,) = policy.choose([_generated("p", policy.cfg.score_after)], DRAFTERS)
         assert set(c.score) == DRAFTERS  # every drafter scores the request's output
-        policy.observe_score("p", "draft-prose", 15, 16)  # it predicts this request's text
-        policy.observe_score("p", "draft-code", 1, 16)
-        policy.observe_score("p", PROMPT_LOOKUP, 0, 16)
+        observe_score(policy, "p", "draft-prose", 15, 16)  # it predicts this request's text
+        observe_score(policy, "p", "draft-code", 1, 16)
+        observe_score(policy, "p", PROMPT_LOOKUP, 0, 16)
         (c,) = policy.choose([_generated("p", policy.cfg.score_after + 1)], DRAFTERS)
         assert c.drafter == "draft-prose" and c.k >= 4
         assert c.score == (PROMPT_LOOKUP,)  # free in the router: it rescores each step's tokens
@@ -230,9 +231,9 @@ def test_a_sampled_score_s_acceptance_estimate_replaces_its_greedy_matches() -> 
                                population=lambda: pop)
         try:
             (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
-            policy.observe("p", c, 0, 0.004, 0.011)
+            observe(policy, "p", c, 0, 0.004, 0.011)
             policy.choose([_generated("p", policy.cfg.score_after)], DRAFTERS)
-            policy.observe_score("p", "draft-prose", 16, 64, accepted)
+            observe_score(policy, "p", "draft-prose", 16, 64, accepted)
             rates[accepted] = policy.controller.tracker.get("p", "draft-prose")
         finally:
             policy.close()
@@ -247,9 +248,9 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
         # first step: prompt lookup drafts while every model drafter scores the prompt
         assert c.drafter in (PROMPT_LOOKUP, None) and set(c.score) == DRAFTERS - {PROMPT_LOOKUP}
-        policy.observe_score("p", "draft-prose", 60, 128)
-        policy.observe_score("p", "draft-code", 20, 128)
-        policy.observe("p", c, 0, 0.0, 0.080)  # the target's prefill: no reward for anyone
+        observe_score(policy, "p", "draft-prose", 60, 128)
+        observe_score(policy, "p", "draft-code", 20, 128)
+        observe(policy, "p", c, 0, 0.0, 0.080)  # the target's prefill: no reward for anyone
         assert policy.selector.snapshot("p")[PROMPT_LOOKUP][1] == 0
         assert policy.fit.fitting("p") == ("draft-prose",)
         used = set()
@@ -258,9 +259,9 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
             assert c.drafter in ("draft-prose", PROMPT_LOOKUP, None)
             assert set(c.score) <= {"draft-prose", PROMPT_LOOKUP}
             for name in set(c.score) - {c.drafter}:  # draft-prose predicts every output token
-                policy.observe_score("p", name, 4 if name == "draft-prose" else 0, 4)
+                observe_score(policy, "p", name, 4 if name == "draft-prose" else 0, 4)
             prose = c.drafter == "draft-prose"
-            policy.observe("p", c, c.k if prose else 0, 0.004 if prose else 0.0, 0.011)
+            observe(policy, "p", c, c.k if prose else 0, 0.004 if prose else 0.0, 0.011)
             used.add(c.drafter)
         assert "draft-prose" in used
         assert policy.fit.acceptance("draft-prose") == 1.0
@@ -268,8 +269,8 @@ def test_prompt_scores_narrow_the_candidates_and_seed_the_next_fitted_request() 
         # the next request that fits draft-prose starts from how draft-prose did on p, not from
         # its poor population rate
         policy.choose([_generated("q", 0)], DRAFTERS)
-        policy.observe_score("q", "draft-prose", 50, 128)
-        policy.observe_score("q", "draft-code", 30, 128)
+        observe_score(policy, "q", "draft-prose", 50, 128)
+        observe_score(policy, "q", "draft-code", 30, 128)
         assert policy.controller.tracker.get("q", "draft-prose") < 0.5
         (c,) = policy.choose([_generated("q", 1)], DRAFTERS)
         assert policy.controller.tracker.get("q", "draft-prose") > 0.7
@@ -288,14 +289,14 @@ def test_a_drafter_fitting_its_first_request_starts_from_the_pooled_record() -> 
                                population=lambda: pop)
         try:
             policy.choose([_generated("p", 0)], DRAFTERS)  # p fits draft-prose and it accepts
-            policy.observe_score("p", "draft-prose", 60, 128)
-            policy.observe_score("p", "draft-code", 20, 128)
+            observe_score(policy, "p", "draft-prose", 60, 128)
+            observe_score(policy, "p", "draft-code", 20, 128)
             policy.fit.record("p", "draft-prose", 15, 1)
             policy.release("p")
             assert policy.fit.acceptance("draft-code") is None  # no record of its own
             policy.choose([_generated("q", 0)], DRAFTERS)  # q fits draft-code
-            policy.observe_score("q", "draft-prose", 20, 128)
-            policy.observe_score("q", "draft-code", 60, 128)
+            observe_score(policy, "q", "draft-prose", 20, 128)
+            observe_score(policy, "q", "draft-code", 60, 128)
             policy.choose([_generated("q", 1)], DRAFTERS)
             seeded[pooled] = policy.controller.tracker.get("q", "draft-code")
         finally:
@@ -311,15 +312,15 @@ def test_prompt_lookup_without_a_match_is_no_candidate_and_the_fitted_drafter_dr
     try:
         (c,) = policy.choose([replace(_generated("p", 0), lookup_match=False)], DRAFTERS)
         assert c.drafter is None and c.score  # its only candidate would not draft: a plain step
-        policy.observe_score("p", "draft-prose", 60, 128)
-        policy.observe_score("p", "draft-code", 20, 128)
-        policy.observe("p", c, 0, 0.0, 0.080)
+        observe_score(policy, "p", "draft-prose", 60, 128)
+        observe_score(policy, "p", "draft-code", 20, 128)
+        observe(policy, "p", c, 0, 0.0, 0.080)
         (c,) = policy.choose([_generated("p", 1)], DRAFTERS)
         assert c.drafter == PROMPT_LOOKUP and c.k > 0  # it matches: the bandit's pick
         before = policy.selector.snapshot("p")
         (c,) = policy.choose([replace(_generated("p", 2), lookup_match=False)], DRAFTERS)
         assert c.drafter == "draft-prose" and c.k > 0  # no match: the fitted model drafts
-        policy.observe("p", c, c.k, 0.004, 0.011)
+        observe(policy, "p", c, c.k, 0.004, 0.011)
         after = policy.selector.snapshot("p")
         assert after["draft-prose"][1] == before["draft-prose"][1] + 1
         assert after[PROMPT_LOOKUP] == before[PROMPT_LOOKUP]  # no match is not its measure
@@ -335,56 +336,15 @@ def test_the_prompt_fit_prefers_a_cheap_drafter_to_a_costly_one_that_predicts_a_
                             "draft-prose": (0.0, 0.006, 0.0, 0.0)})
     policy = LearnedPolicy(learned_config({"fit_by_goodput": by_goodput}), cost=cost)
     (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
-    policy.observe_score("p", "draft-prose", 62, 100)
-    policy.observe_score("p", "draft-code", 60, 100)
-    policy.observe("p", c, 0, 0.0, 0.080)
+    observe_score(policy, "p", "draft-prose", 62, 100)
+    observe_score(policy, "p", "draft-code", 60, 100)
+    observe(policy, "p", c, 0, 0.0, 0.080)
     assert policy.fit.fitting("p") == (("draft-code",) if by_goodput else ("draft-prose",))
     (c,) = policy.choose([replace(_generated("p", 1), lookup_match=False)], DRAFTERS)
     if by_goodput:
         assert c.drafter == "draft-code" and c.k > 0
     else:  # the costly fit: k = 0 pays better than drafting with it
         assert c.drafter in ("draft-prose", None)
-
-
-@pytest.mark.parametrize("code_fits", [True, False])
-def test_runner_ups_by_prompt_score_the_output_every_few_tokens_and_may_take_over(
-        code_fits: bool) -> None:
-    policy = LearnedPolicy(learned_config({"lookup_rescore": False, "runner_up_every": 12}),
-                           cost=_cost())
-    every = policy.cfg.runner_up_every
-    (c,) = policy.choose([_generated("p", 0)], DRAFTERS)
-    policy.observe_score("p", "draft-prose", 62, 100)  # outside the near-tie margin (0.02),
-    policy.observe_score("p", "draft-code", 56, 100)  # inside the runner-up margin (0.1)
-    policy.observe("p", c, 0, 0.0, 0.080)
-    # the output: draft-prose accepts 1 token per step, draft-code predicts all (or 1 in 4)
-    rounds: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
-    g = last = 1
-    while g < 4 * every:
-        (c,) = policy.choose([_generated("p", g)], DRAFTERS)
-        runners = tuple(n for n in c.score if n != c.drafter and n != PROMPT_LOOKUP
-                        and n not in policy.fit.fitting("p"))
-        if runners:
-            rounds.append((g, runners, policy.fit.fitting("p")))
-        for name in set(c.score) - {c.drafter}:
-            n = g - last if name in runners else 4  # a runner-up scores since its last call
-            good = name == "draft-code" and code_fits
-            policy.observe_score("p", name, n if good else n // 4, n)
-        if runners:
-            last = g
-        code = c.drafter == "draft-code" and code_fits
-        accepted = c.k if code else min(1, c.k)
-        policy.observe("p", c, accepted, 0.004 if c.k else 0.0, 0.011)
-        g += accepted + 1
-    assert rounds[0][0] >= every and len(rounds) >= 2
-    assert all(b[0] - a[0] >= every for a, b in zip(rounds, rounds[1:]))  # every 12 tokens
-    if code_fits:  # draft-code took over at the first round; draft-prose is now the runner-up
-        assert rounds[0][1:] == (("draft-code",), ("draft-prose",))
-        assert rounds[1][1:] == (("draft-prose",), ("draft-code",))
-        assert policy.fit.fitting("p") == ("draft-code",)
-    else:
-        assert all(r[1:] == (("draft-code",), ("draft-prose",)) for r in rounds)
-    (c,) = policy.choose([replace(_generated("p", g), lookup_match=False)], DRAFTERS)
-    assert c.drafter == ("draft-code" if code_fits else "draft-prose")
 
 
 def test_scoring_rounds_are_spaced_and_bounded() -> None:
@@ -403,7 +363,7 @@ def test_prompt_lookup_rescores_the_new_tokens_and_its_prior_follows_the_recent_
     policy = LearnedPolicy(learned_config({"prompt_fit": False}), cost=_cost())
     (c,) = policy.choose([_generated("r", policy.cfg.score_after)], DRAFTERS)
     assert PROMPT_LOOKUP in c.score  # the first round
-    policy.observe_score("r", PROMPT_LOOKUP, 0, 8)  # the output does not repeat itself yet
+    observe_score(policy, "r", PROMPT_LOOKUP, 0, 8)  # the output does not repeat itself yet
     priors = []
     for g in range(policy.cfg.score_after + 1, policy.cfg.score_after + 7):
         plan = policy.choose([_generated("r", g)], {"draft-code", PROMPT_LOOKUP})
@@ -414,8 +374,8 @@ def test_prompt_lookup_rescores_the_new_tokens_and_its_prior_follows_the_recent_
         # in the router, before the verification: which the step still calibrates
         assert plan.prediction is not None
         assert plan.prediction.scoring_work == (0, 0)
-        policy.observe("r", c, c.k, 0.004, 0.011)
-        policy.observe_score("r", PROMPT_LOOKUP, 4, 4)  # now it does: a loop
+        observe(policy, "r", c, c.k, 0.004, 0.011)
+        observe_score(policy, "r", PROMPT_LOOKUP, 4, 4)  # now it does: a loop
         priors.append(policy.controller.tracker.get("r", PROMPT_LOOKUP))
     assert len(priors) >= 2 and priors == sorted(priors)  # rounds ago weigh less and less
     assert c.drafter == PROMPT_LOOKUP  # the request moved to it
@@ -427,7 +387,7 @@ def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
     before = policy.selector.snapshot("q")["draft-code"]
     (c,) = policy.choose([_generated("q", 1)], {"draft-code"})
     assert c.drafter == "draft-code"
-    policy.observe("q", StepChoice(None), 0, 0.0, 0.011)  # the step did not speculate
+    observe(policy, "q", StepChoice(None), 0, 0.0, 0.011)  # the step did not speculate
     mean, n = policy.selector.snapshot("q")["draft-code"]
     assert n == before[1] + 1 and mean < before[0]  # one token in 11 ms: a worse reward
 
@@ -438,12 +398,12 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
     verify0, code0 = cost.verify[0], cost.draft["draft-code"][0]
     pred = StepPrediction(0.02, {"draft-code": 0.004}, 0.016)
     # served: verify 6 ms slower, draft-code 2 ms slower
-    policy.observe_step(pred, {"draft-code": 0.006}, 0.022)
+    observe_step(policy, pred, {"draft-code": 0.006}, 0.022)
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 0.1 * 0.002)
     # draft-prose scored a request while the verifier ran: the verification is not a clean
     # sample, but what the scoring added (24 ms) is
-    policy.observe_step(StepPrediction(0.02, {"draft-code": 0.004}, 0.016, scoring_work=(1, 12)),
+    observe_step(policy, StepPrediction(0.02, {"draft-code": 0.004}, 0.016, scoring_work=(1, 12)),
                         {"draft-code": 0.006}, 0.040)
     assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
     assert cost.draft["draft-code"][0] == pytest.approx(code0 + 2 * 0.1 * 0.002)
@@ -452,7 +412,7 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
 
 
 def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_showed_it() -> None:
-    policy = LearnedPolicy(learned_config({"runner_up_every": 12}), cost=_cost())
+    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 12}), cost=_cost())
 
     def first_step(rid: str) -> StepPrediction:
         plan = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
@@ -465,32 +425,33 @@ def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_sho
     assert pred.scoring_work == (2, 600)  # both drafters prefill the 300-token prompt
     assert pred.scoring_s == 0.0  # nothing learned yet
     for i in range(4):  # served: each such step took 30 ms more than its verification alone
-        policy.observe_step(pred, {}, pred.verify_s + 0.030)
+        observe_step(policy, pred, {}, pred.verify_s + 0.030)
         policy.release("a")
         pred = first_step("a")
     assert pred.scoring_s == pytest.approx(0.030, rel=0.05)
     assert pred.step_s == pytest.approx(policy.controller.step_s(pred.draft_s, pred.verify_s)
                                         + pred.scoring_s)
     # later steps feed the scoring drafters only the tokens they have not seen
-    policy.observe_score("a", "draft-code", 60, 128)
-    policy.observe_score("a", "draft-prose", 55, 128)  # a runner-up
-    policy.observe("a", StepChoice(PROMPT_LOOKUP, 4), 0, 0.0, 0.08)
+    observe_score(policy, "a", "draft-code", 60, 128)
+    observe_score(policy, "a", "draft-prose", 55, 128)
+    observe(policy, "a", StepChoice(PROMPT_LOOKUP, 4), 0, 0.0, 0.08)
     works = []
     for g in range(1, 40):
         plan = policy.choose([RequestView("a", 300 + g, g, 100 - g, True)], DRAFTERS)
         (c,) = plan
         assert plan.prediction is not None
         works.append((g, c.score, plan.prediction.scoring_work))
-        policy.observe("a", c, 0, 0.0, 0.011)
-    # the runner-up rounds: draft-prose is fed the output since it last scored
-    prose = [(g, w) for g, s, w in works if "draft-prose" in s]
-    every = policy.cfg.runner_up_every
-    assert prose == [(every, (1, every)), (2 * every, (1, every)), (3 * every, (1, every))]
+        observe(policy, "a", c, 0, 0.0, 0.011)
+    # the output rounds (after 4 tokens, then every 12): a scoring drafter that is not drafting
+    # is fed only the output since it last saw the request, never the prompt again
+    rounds = [(g, w) for g, s, w in works if w[0]]
+    assert [g for g, _ in rounds] == [4, 16, 28]
+    assert all(0 < tokens <= calls * g for g, (calls, tokens) in rounds)
 
 
 def test_a_request_has_state_from_first_sight_to_its_release() -> None:
     policy = LearnedPolicy(cost=_cost())
-    policy.observe_score("early", "draft-code", 3, 4)  # a report before its first step
+    observe_score(policy, "early", "draft-code", 3, 4)  # a report before its first step
     policy.choose([_view("a"), _view("b", "off")], DRAFTERS)
     assert policy.active_requests() == 3
     for rid in ("a", "b", "early", "never-seen"):

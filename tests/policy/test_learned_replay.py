@@ -1,12 +1,15 @@
-"""The learned policy replayed: a fixed sequence of choose / observe / observe_score / observe_step
-/ release calls makes exactly the choices (and step predictions) recorded in
+"""The learned policy replayed: a fixed sequence of choose / observe (one request's step, one
+drafter's score or one step's times: ``steps.py``) / release calls makes exactly the choices (and step predictions) recorded in
 ``learned_replay.json``.
 
 The recording was taken from the policy as it was before its per-request state moved into one
 object (``request_state.py``) and ``choose`` into phases (drafters, k, scoring, prediction); any
 change to what the policy chooses shows up here as the first step that differs. Re-record
 (``python tests/policy/test_learned_replay.py``) only for a change meant to alter the choices, and
-say so where the change is described.
+say so where the change is described. Last re-recorded when runner-up rounds were removed (the
+``no_cost_model`` scenario had them on) and the policy's reports became one ``StepOutcome``: the
+other scenarios' choices stayed the same, their predictions differ in the last bit of a float
+(a step's verification time is now its whole time less its drafting).
 
 Each scenario runs a small synthetic deployment: requests of three kinds arrive, share batches of
 up to four, accept draft tokens at their kind's rate per drafter (a seeded ``random.Random``), score
@@ -28,6 +31,7 @@ from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan
 from spin.timing.cost_model import CostModel
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
+from policy.steps import observe, observe_score, observe_step
 
 FIXTURE = Path(__file__).with_name("learned_replay.json")
 MODELS = ("draft-code", "draft-prose", "draft-structured")
@@ -50,11 +54,11 @@ MATCH = {"code": 0.6, "prose": 0.3, "structured": 0.8}
 SCENARIOS: dict[str, dict] = {
     "default": {"overrides": {}},
     "output_scores": {"overrides": {"prompt_fit": False, "score_rounds": 3, "score_every": 6}},
-    "runner_ups": {"overrides": {"runner_up_every": 8, "lookup_rescore": False,
-                                 "fit_prune_after": 3, "fit_explore_every": 2}},
+    "pruned": {"overrides": {"lookup_rescore": False, "fit_prune_after": 3,
+                             "fit_explore_every": 2}},
     "by_acceptance": {"overrides": {"fit_by_goodput": False, "fit_margin": 0.05,
                                     "fit_pooled_seed": False, "probe_every": 3}},
-    "no_cost_model": {"overrides": {"runner_up_every": 10}, "cost": False},
+    "no_cost_model": {"overrides": {}, "cost": False},
     "pipelined_thompson": {"overrides": {"controller": {"pipelined": True, "k_max": 8},
                                          "selector": {"algorithm": "thompson"},
                                          "stop_below": 0.0, "probe_every": 2},
@@ -161,7 +165,7 @@ def run_scenario(name: str) -> list:
                     rate = (PROMPT[r.kind][scorer] if r.generated == 0 and scorer in MODELS
                             else ACCEPT[r.kind][scorer])
                     scoring += scorer != PROMPT_LOOKUP
-                    policy.observe_score(r.rid, scorer, _binomial(rng, positions, rate),
+                    observe_score(policy, r.rid, scorer, _binomial(rng, positions, rate),
                                          positions)
             draft_s: dict[str, float] = {}
             finished = []
@@ -177,14 +181,14 @@ def run_scenario(name: str) -> list:
                     draft_s[c.drafter] = max(draft_s.get(c.drafter, 0.0), seconds)
                     r.fed[c.drafter] = r.context
                 verify_s = 0.011 + 0.0002 * len(running)
-                policy.observe(r.rid, choice, accepted, seconds, verify_s)
+                observe(policy, r.rid, choice, accepted, seconds, verify_s)
                 r.generated += accepted + 1
                 if r.generated >= r.max_tokens or rng.random() < 0.02:  # done, or cancelled
                     finished.append(r)
             p = plan.prediction
             if p is not None and p.step_s > 0:
                 served = {d: 1.2 * s + 0.001 for d, s in p.draft_s.items()}
-                policy.observe_step(p, served, 1.1 * p.verify_s + 0.002 + 0.004 * scoring)
+                observe_step(policy, p, served, 1.1 * p.verify_s + 0.002 + 0.004 * scoring)
             for r in finished:
                 policy.release(r.rid)
                 running.remove(r)

@@ -65,24 +65,6 @@ def test_near_ties_go_to_the_drafter_with_the_better_record() -> None:
     assert fit.fitting("c") == ("draft-general",)  # 0.10 apart: agreement decides
 
 
-def test_runners_up_are_close_behind_and_one_may_be_promoted() -> None:
-    fit = PromptFit(margin=0.0, rank_margin=0.0)
-    assert fit.runners_up("a", 0.1) == ()  # nothing fitted yet
-    fit.observe_prompt("a", "draft-general", 62, 100)
-    fit.observe_prompt("a", "draft-structured", 55, 100)
-    fit.observe_prompt("a", "draft-code", 40, 100)
-    fit.observe_prompt("a", "draft-prose", 58, 100)
-    assert fit.fitting("a") == ("draft-general",)
-    assert fit.runners_up("a", 0.1) == ("draft-prose", "draft-structured")  # best first
-    assert fit.runners_up("a", 0.05) == ("draft-prose",)
-    fit.promote("a", "draft-structured")
-    assert fit.fitting("a") == ("draft-structured",)
-    fit.record("a", "draft-structured", 8, 0)  # its steps now count for it, not the old pick
-    fit.record("a", "draft-general", 0, 8)
-    assert fit.acceptance("draft-structured") == 1.0 and fit.acceptance("draft-general") is None
-    assert fit.runners_up("a", 0.1) == ("draft-general", "draft-prose")
-
-
 def test_the_expected_acceptance_is_the_record_less_the_agreement_deficit() -> None:
     fit = PromptFit(min_trials=8, deficit_weight=3.0)  # every drafter ranked (rank_margin 1)
     fit.observe_prompt("a", "draft-code", 30, 100)

@@ -1,11 +1,9 @@
-"""ScoringRounds: who scores a request when (prompt, output rounds, lookup rescoring, runner-up
-rounds), what the calls feed, and when a runner-up takes the best-fitting drafter's place."""
+"""ScoringRounds: who scores a request when (prompt, output rounds, lookup rescoring), and what
+the calls feed."""
 
 from __future__ import annotations
 
-from spin.policy.acceptance import AcceptanceTracker
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice
-from spin.policy.goodput import ControllerConfig
 from spin.policy.learned_config import learned_config
 from spin.policy.prompt_fit import PromptFit
 from spin.policy.request_state import RequestState
@@ -16,8 +14,7 @@ DRAFTERS = MODELS | {PROMPT_LOOKUP}
 
 
 def _rounds(**overrides) -> ScoringRounds:
-    return ScoringRounds(learned_config(overrides), PromptFit(prune_after=0),
-                         AcceptanceTracker(ControllerConfig()), lambda rid, d, rate: rate)
+    return ScoringRounds(learned_config(overrides), PromptFit(prune_after=0))
 
 
 def _view(generated: int, mode: str = "auto", remaining: int = 100) -> RequestView:
@@ -46,22 +43,3 @@ def test_work_counts_the_model_drafters_calls_and_the_tokens_each_has_not_seen()
     # draft-code drafts (no scoring call), prompt lookup scores in the router: draft-prose only
     assert ScoringRounds.work([_view(7)], [state], later) == (1, 7)
     assert state.fed == {"draft-code": 107, "draft-prose": 107}
-
-
-def test_a_runner_up_that_predicts_the_output_better_takes_over_once_per_round() -> None:
-    rounds, state = _rounds(runner_up_every=8, lookup_rescore=False), RequestState()
-    rounds.fit.observe_prompt("r", "draft-prose", 62, 100)
-    rounds.fit.observe_prompt("r", "draft-code", 56, 100)  # a runner-up: within 0.1
-    assert rounds.fit.fitting("r") == ("draft-prose",)
-    state.scored = 1  # after the first output round
-    state.own = {"draft-prose": [2.0, 6.0]}  # its own steps: 25% accepted
-    assert rounds.scorers(_view(7), state, "draft-prose", DRAFTERS, DRAFTERS) == ()
-    assert rounds.scorers(_view(8), state, "draft-prose", DRAFTERS, DRAFTERS) == ("draft-code",)
-    assert state.next_round == 16 and state.own == {}
-    rounds.judge("r", state, "draft-code", 0.35)  # not better by runner_up_switch (0.15)
-    assert rounds.fit.fitting("r") == ("draft-prose",) and not state.pending_runners
-    rounds.judge("r", state, "draft-code", 0.9)  # that round is over
-    assert rounds.fit.fitting("r") == ("draft-prose",)
-    assert rounds.scorers(_view(16), state, "draft-prose", DRAFTERS, DRAFTERS) == ("draft-code",)
-    rounds.judge("r", state, "draft-code", 0.9)  # no steps meanwhile: its estimate, 0.5
-    assert rounds.fit.fitting("r") == ("draft-code",)

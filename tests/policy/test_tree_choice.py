@@ -9,7 +9,9 @@ from spin.policy.base import RequestView
 from spin.timing.cost_model import CostModel
 from spin.policy.goodput import ControllerConfig, SpecLengthController
 from spin.policy.learned import LearnedPolicy, learned_config
-from spin.policy.tree_choice import Candidate, RunnerUps, choose_shapes, outcome
+from spin.policy.outcome import outcome
+from spin.policy.tree_choice import Candidate, RunnerUps, choose_shapes
+from policy.steps import observe, observe_score, observe_step
 
 
 def test_a_rejected_chain_node_tests_its_runner_up() -> None:
@@ -79,7 +81,7 @@ def test_the_learned_policy_drafts_trees_for_greedy_requests_only() -> None:
     # a tree's second-ranked acceptance is no evidence of the first-ranked acceptance rate
     before = policy.controller.tracker.get("g", "draft-code")
     ranks = outcome(TokenTree((1, 2, 3, 4), (-1, -1, 0, 1)), (2, 4, 9), 2)
-    policy.observe("g", plan[0], 2, 0.001, 0.01, ranks)
+    observe(policy, "g", plan[0], 2, 0.001, 0.01, ranks)
     assert policy.controller.tracker.get("g", "draft-code") < before
     assert policy.runner_ups.rate("g", "draft-code") > 0.6
 

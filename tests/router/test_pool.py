@@ -89,27 +89,28 @@ class Replica:
 
 
 class Router:
-    """The scheduler's side: what each request synced with the service, a step over a batch."""
+    """The scheduler's side: each request's context, a step over a batch (the pool keeps what
+    each replica holds)."""
 
     def __init__(self, pool: ReplicaPool) -> None:
         self.pool = pool
         self.ctx: dict[str, list[int]] = {}
-        self.synced: dict[str, int] = {}
 
     async def step(self, rids: list[str], release: set[str] = frozenset()):
+        self.pool.release(release)
         tasks = []
         for rid in rids:
             ctx = self.ctx.setdefault(rid, [1, 2, 3])
-            keep = self.pool.route(rid, self.synced.get(rid, 0))
+            keep = self.pool.keep(rid)
             tasks.append(verifier_pb2.VerifyTask(request_id=rid, keep=keep, context_delta=ctx[keep:]))
-        resp = await self.pool.call(verifier_pb2.VerifyRequest(tasks=tasks, release=release))
+        resp = await self.pool.call(verifier_pb2.VerifyRequest(tasks=tasks))
         for rid, res in zip(rids, resp.results):
             assert res.request_id == rid  # merged back in task order
             if res.resync:
-                self.synced.pop(rid, None)
+                self.pool.forget(rid)
             else:
                 self.ctx[rid] += list(res.tokens)
-                self.synced[rid] = len(self.ctx[rid])
+                self.pool.hold(rid, len(self.ctx[rid]))
         return resp
 
 
@@ -203,7 +204,8 @@ def test_releases_go_to_the_replica_that_holds_the_request() -> None:
         router = Router(pool)
         await router.step(["r0", "r1"])
         where = dict(pool.pins)
-        await pool.call(verifier_pb2.VerifyRequest(release=["r0", "r1", "unknown"]))
+        pool.release(["r0", "r1", "unknown"])
+        await pool.flush()
         for rid, addr in where.items():
             assert rid not in made[addr].book
             other = next(a for a in made if a != addr)
@@ -247,10 +249,10 @@ def test_the_verifier_facade_takes_and_gives_plain_types() -> None:
         pool, made = pool_of("a:1")
         verifier = VerifierClient(pool)
         sampling = SamplingParams(temperature=0.5, top_k=3, seed=11)
-        keep = verifier.route("r0", 5)
+        keep = verifier.keep("r0")
         assert keep == 0  # new to the replica: the whole context
         reply = await verifier.verify([VerifyTask("r0", keep, [1, 2, 3], TokenTree.chain([4, 5]),
-                                                  sampling, "tp", "ts")], set())
+                                                  sampling, "tp", "ts")])
         assert reply == VerifyReply([VerifyResult("r0", [7], 0)], 0.01, 0, 0)
         (batch,) = made["a:1"].calls
         (task,) = batch.tasks
@@ -258,8 +260,10 @@ def test_the_verifier_facade_takes_and_gives_plain_types() -> None:
         assert (list(task.tree.tokens), list(task.tree.parents)) == ([4, 5], [-1, 0])
         assert sampling_from_proto(task.sampling) == sampling
         assert (task.traceparent, task.tracestate) == ("tp", "ts")
-        reply = await verifier.verify([], {"r0"})  # a release-only call
-        assert reply.results == [] and list(made["a:1"].calls[-1].release) == ["r0"]
+        verifier.release(["r0"])
+        assert verifier.pending_releases
+        await verifier.flush()  # a release-only call
+        assert list(made["a:1"].calls[-1].release) == ["r0"] and not verifier.pending_releases
         assert "r0" not in made["a:1"].book
     run(go())
 

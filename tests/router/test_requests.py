@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from spin.engine.sampling import SamplingParams
-from spin.router.requests import DrafterTally, RouterRequest, TextStream
+from spin.router.requests import (DrafterTally, RequestParams, RequestStatus, RouterRequest,
+                                  TextStream)
 from spin.zoo.corpus import heldout_prompts
 from spin.zoo.specs import FAMILY_DIR
 
@@ -304,9 +305,11 @@ def test_work_per_push_does_not_grow_with_the_output(tok, long_ids) -> None:
 
 
 def test_router_request_bookkeeping() -> None:
-    r = RouterRequest("r1", prompt=(1, 2, 3), max_tokens=8, sampling=SamplingParams())
+    r = RouterRequest(RequestParams("r1", prompt=(1, 2, 3), max_tokens=8,
+                                    sampling=SamplingParams()))
+    assert r.status is RequestStatus.WAITING and not r.finished
     r.generated.extend([4, 5])
-    r.tallies["a"] = DrafterTally(steps=2, draft_tokens=6, accepted_tokens=3)
-    r.tallies["b"] = DrafterTally(steps=1, draft_tokens=2, accepted_tokens=2)
-    assert r.context == [1, 2, 3, 4, 5] and r.context_len == 5
-    assert r.draft_tokens == 8 and r.accepted_tokens == 5
+    r.tally.drafters["a"] = DrafterTally(steps=2, draft_tokens=6, accepted_tokens=3)
+    r.tally.drafters["b"] = DrafterTally(steps=1, draft_tokens=2, accepted_tokens=2)
+    assert r.context == [1, 2, 3, 4, 5] and r.context_len == 5 and r.remaining == 6
+    assert r.tally.draft_tokens == 8 and r.tally.accepted_tokens == 5

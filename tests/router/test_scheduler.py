@@ -20,10 +20,15 @@ from spin.policy.base import (PROMPT_LOOKUP, FixedPolicy, RequestView, StepChoic
                               StepPrediction)
 from spin.router.admission import KVBudget
 from spin.router.config import SchedulerConfig
-from spin.router.requests import RouterRequest
-from spin.router.scheduler import VERIFIER, Scheduler
-from spin.router.services import (DraftReply, DraftResult, DraftTask, ServiceDown, VerifyReply,
-                                  VerifyResult, VerifyTask)
+from spin.policy.outcome import StepOutcome
+from spin.router.pool import Kind, ReplicaPool
+from spin.router.proposers import PromptLookup, Proposer, Proposers
+from spin.router.requests import RequestParams, RouterRequest
+from spin.router.scheduler import Scheduler
+from spin.router.services import (DraftTask, DrafterClients, ServiceDown, VerifierClient,
+                                  VerifyTask)
+from spin.rpc.convert import sampling_from_proto, tree_from_wire, tree_to_wire
+from spin.v1 import drafter_pb2, verifier_pb2
 from spin.router.streaming import Chunk, RequestError
 
 V = 97
@@ -51,12 +56,12 @@ def expected(prompt: tuple[int, ...], n: int, v: int = V) -> list[int]:
 
 # ---- the fakes ----------------------------------------------------------------------------------
 class FakeService:
-    """Contexts held per request, pins, the calls received and the releases taken."""
+    """A replica's stream (what ``pool.ReplicaPool`` calls): contexts held per request, the
+    calls received (as the router's plain tasks) and the releases taken."""
 
     def __init__(self, v: int = V) -> None:
         self.v = v
         self.held: dict[str, list[int]] = {}
-        self.pins: set[str] = set()
         self.calls: list[tuple[list, set[str]]] = []
         self.released: list[str] = []
         self.available = True
@@ -65,11 +70,8 @@ class FakeService:
         self.forget: set[str] = set()
         """Requests whose context is lost before the next call (a restart): they resync."""
 
-    def route(self, request_id: str, keep: int) -> int:
-        if request_id in self.pins:
-            return keep
-        self.pins.add(request_id)
-        return 0
+    async def close(self) -> None:
+        return None
 
     async def _call(self, tasks: list, release: set[str]) -> None:
         await asyncio.sleep(0)  # like a round trip: other lanes may run meanwhile
@@ -79,7 +81,6 @@ class FakeService:
             raise ServiceDown("asked to fail")
         for rid in sorted(release):
             self.held.pop(rid, None)
-            self.pins.discard(rid)
             self.released.append(rid)
 
     def _sync(self, task: DraftTask | VerifyTask) -> list[int] | None:
@@ -109,23 +110,31 @@ class FakeVerifier(FakeService):
         self.preempt: set[str] = set()
         """Requests to preempt at the next call."""
 
-    async def verify(self, tasks: list[VerifyTask], release: set[str],
-                     timeout_s: float | None = None) -> VerifyReply:
-        await self._call(tasks, release)
+    async def call(self, batch: verifier_pb2.VerifyRequest, timeout_s: float | None = None
+                   ) -> verifier_pb2.VerifyResponse:
+        tasks = [VerifyTask(t.request_id, t.keep, list(t.context_delta),
+                            tree_from_wire(t.tree) if t.HasField("tree") else None,
+                            sampling_from_proto(t.sampling)) for t in batch.tasks]
+        await self._call(tasks, set(batch.release))
         results = []
         for t in tasks:
             ctx = self._sync(t)
             if ctx is None:
-                results.append(VerifyResult(t.request_id, resync=True))
+                results.append(verifier_pb2.VerifyResult(request_id=t.request_id, resync=True))
             elif t.request_id in self.preempt:
                 self.preempt.discard(t.request_id)
-                results.append(VerifyResult(t.request_id, preempted=True))
+                results.append(verifier_pb2.VerifyResult(request_id=t.request_id,
+                                                         preempted=True))
             else:
                 tokens = self._walk(t.tree, ctx[-1])
                 ctx.extend(tokens)
-                results.append(VerifyResult(t.request_id, tokens, len(tokens) - 1, token_probs=[
-                    token_prob(x) for x in tokens] if not t.sampling.greedy else []))
-        return VerifyReply(results, 0.001, self.free_blocks, self.num_blocks)
+                results.append(verifier_pb2.VerifyResult(
+                    request_id=t.request_id, tokens=tokens, num_accepted=len(tokens) - 1,
+                    token_probs=[token_prob(x) for x in tokens] if not t.sampling.greedy
+                    else []))
+        return verifier_pb2.VerifyResponse(results=results, verify_seconds=0.001,
+                                           free_blocks=self.free_blocks,
+                                           num_blocks=self.num_blocks)
 
     def _walk(self, tree: TokenTree | None, last: int) -> list[int]:
         """The accepted path of ``tree`` and the target's token after it."""
@@ -147,30 +156,34 @@ class FakeDrafter(FakeService):
         super().__init__(v)
         self.right, self.length = right, length
 
-    async def draft(self, tasks: list[DraftTask], release: set[str],
-                    timeout_s: float | None = None) -> DraftReply:
-        await self._call(tasks, release)
-        results = []
-        for t in tasks:
-            ctx = self._sync(t)
-            if ctx is None:
-                results.append(DraftResult(t.request_id, resync=True))
-            elif t.k <= 0 and t.context_probs:  # echoes the target's probabilities it got
-                known = [p for p in t.context_probs if p > 0]
-                results.append(DraftResult(t.request_id, score_matches=0,
-                                           score_positions=len(known),
-                                           score_acceptance=sum(known),
-                                           score_acceptance_positions=len(known)))
-            elif t.k <= 0:
-                n = len(ctx) - t.score_from if t.score else 0
-                results.append(DraftResult(t.request_id, score_matches=n, score_positions=n))
-            else:
-                chain, last = [], ctx[-1]
-                for i in range(min(t.k, self.length)):
-                    last = nxt(last, self.v) if i < self.right else (nxt(last, self.v) + 1) % self.v
-                    chain.append(last)
-                results.append(DraftResult(t.request_id, TokenTree.chain(chain)))
-        return DraftReply(results, 0.002)
+    async def call(self, batch: drafter_pb2.SpeculateRequest, timeout_s: float | None = None
+                   ) -> drafter_pb2.SpeculateResponse:
+        tasks = [DraftTask(t.request_id, t.keep, list(t.context_delta), t.k,
+                           sampling_from_proto(t.sampling), tuple(t.branching), score=t.score,
+                           score_from=t.score_from, stop_below=t.stop_below,
+                           context_probs=list(t.context_probs)) for t in batch.tasks]
+        await self._call(tasks, set(batch.release))
+        results = [self._draft(t) for t in tasks]
+        return drafter_pb2.SpeculateResponse(results=results, draft_seconds=0.002)
+
+    def _draft(self, t: DraftTask) -> drafter_pb2.DraftResult:
+        ctx = self._sync(t)
+        res = drafter_pb2.DraftResult(request_id=t.request_id)
+        if ctx is None:
+            res.resync = True
+        elif t.k <= 0 and t.context_probs:  # echoes the target's probabilities it got
+            known = [p for p in t.context_probs if p > 0]
+            res.score_positions = res.score_acceptance_positions = len(known)
+            res.score_acceptance = sum(known)
+        elif t.k <= 0:
+            res.score_matches = res.score_positions = len(ctx) - t.score_from if t.score else 0
+        else:
+            chain, last = [], ctx[-1]
+            for i in range(min(t.k, self.length)):
+                last = nxt(last, self.v) if i < self.right else (nxt(last, self.v) + 1) % self.v
+                chain.append(last)
+            res.tree.CopyFrom(tree_to_wire(TokenTree.chain(chain)))
+        return res
 
 
 class Recording(FixedPolicy):
@@ -186,6 +199,7 @@ class Recording(FixedPolicy):
         self.accepted: list[float | None] = []
         self.steps: list[StepPrediction] = []
         self.released: list[str] = []
+        self.outcomes: list[StepOutcome] = []
 
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         plan = super().choose(requests, available)
@@ -195,19 +209,17 @@ class Recording(FixedPolicy):
         plan.prediction = self.predict
         return plan
 
-    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float, ranks=None) -> None:
-        self.observed.append((request_id, choice, accepted))
-        self.ranks.append(ranks)
-
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
-                      accepted: float | None = None) -> None:
-        self.scores.append((drafter, matches, positions))
-        self.accepted.append(accepted)
-
-    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
-                     verify_s: float) -> None:
-        self.steps.append(prediction)
+    def observe(self, outcome: StepOutcome) -> None:
+        self.outcomes.append(outcome)
+        for r in outcome.requests:
+            for sc in r.scores:
+                self.scores.append((sc.drafter, sc.matches, sc.positions))
+                self.accepted.append(sc.accepted)
+            if r.verified:
+                self.observed.append((r.request_id, r.choice, r.accepted))
+                self.ranks.append(r.ranks)
+        if outcome.prediction is not None:
+            self.steps.append(outcome.prediction)
 
     def release(self, request_id: str) -> None:
         self.released.append(request_id)
@@ -224,18 +236,38 @@ class Store:
         return {}
 
 
+def pool(name: str, kind: Kind, fake: FakeService) -> ReplicaPool:
+    """A real replica pool over one fake replica."""
+    return ReplicaPool(name, kind, ["fake:1"], client=lambda n, a, k: fake)
+
+
 def scheduler(policy: FixedPolicy | None = None, drafters: dict[str, FakeDrafter] | None = None,
               verifier: FakeVerifier | None = None, store: Store | None = None,
-              kv: KVBudget | None = None, **cfg) -> Scheduler:
-    cfg.setdefault("prompt_lookup", False)
-    return Scheduler(SchedulerConfig(**cfg), verifier or FakeVerifier(),
-                     drafters if drafters is not None else {"fake": FakeDrafter(2)},
-                     policy or Recording(), lambda ids: " ".join(map(str, ids)), None, store, kv)
+              kv: KVBudget | None = None, translators: dict | None = None,
+              local: tuple[Proposer, ...] | None = None, **cfg) -> Scheduler:
+    """A scheduler over real pools and proposers of fake replicas (prompt lookup off unless
+    ``prompt_lookup``)."""
+    lookup = cfg.pop("prompt_lookup", False)
+    drafters = drafters if drafters is not None else {"fake": FakeDrafter(2)}
+    clients = DrafterClients({n: pool(n, "drafter", d) for n, d in drafters.items()})
+    proposers = Proposers(clients, translators, local if local is not None else
+                          (PromptLookup(),) if lookup else ())
+    return Scheduler(SchedulerConfig(**cfg), VerifierClient(pool("verifier", "verifier",
+                                                                 verifier or FakeVerifier())),
+                     proposers, policy or Recording(), lambda ids: " ".join(map(str, ids)),
+                     None, store, kv)
 
 
 def request(rid: str, prompt: tuple[int, ...] = (1, 2, 3), max_tokens: int = 20,
-            **kw) -> RouterRequest:
-    return RouterRequest(rid, prompt, max_tokens, SamplingParams(), **kw)
+            sampling: SamplingParams | None = None, **kw) -> RouterRequest:
+    return RouterRequest(RequestParams(rid, prompt, max_tokens, sampling or SamplingParams(),
+                                       **kw))
+
+
+def held(sched: Scheduler, service: str, rid: str) -> int | None:
+    """What the router's record says ``service`` holds of ``rid`` (None: nothing known)."""
+    pools = {"verifier": sched.verifier.pool, **sched.proposers.drafters.pools}
+    return pools[service].held.get(rid)
 
 
 async def steps(sched: Scheduler, limit: int = 500) -> int:
@@ -276,10 +308,10 @@ def test_speculation_is_lossless(right: int, k: int) -> None:
         await steps(sched)
         for s, o in zip(spec, off):
             got, plain = events(s), events(o)
-            assert tokens(got) == tokens(plain) == expected(s.prompt, s.max_tokens)
-            assert got[-1].finish == "length" and len(plain) == s.max_tokens
+            assert tokens(got) == tokens(plain) == expected(s.prompt, s.params.max_tokens)
+            assert got[-1].finish == "length" and len(plain) == s.params.max_tokens
             if right:  # accepted drafts: fewer steps than tokens
-                assert len(got) < s.max_tokens
+                assert len(got) < s.params.max_tokens
             for c in got[:-1]:  # the accepted drafts and the target's own token
                 assert len(c.token_ids) == c.step.accepted_tokens + 1 == min(right, k) + 1
     asyncio.run(go())
@@ -346,13 +378,13 @@ def test_resync_resends_the_whole_context_and_changes_nothing() -> None:
         before = len(r.generated)
         await sched.step([r])
         assert len(r.generated) == before  # nothing verified this step, nothing streamed
-        assert VERIFIER not in r.synced and "fake" not in r.synced
+        assert held(sched, "verifier", "r") is None and held(sched, "fake", "r") is None
         await sched.step([r])
         whole = verifier.tasks()[3]
         assert whole.keep == 0 and len(whole.context_delta) == len(r.prompt) + before
         await steps(sched)
         got = events(r)
-        assert tokens(got) == expected(r.prompt, 20) and len(got) == r.steps
+        assert tokens(got) == expected(r.prompt, 20) and len(got) == r.tally.steps
     asyncio.run(go())
 
 
@@ -365,14 +397,14 @@ def test_preempted_request_is_requeued_and_its_output_unchanged() -> None:
         sched.submit(b)
         await sched.step(list(sched.running))
         verifier.preempt.add("b")
-        held = b.context_len
+        before = b.context_len
         await sched.step(list(sched.running))
-        assert list(sched.waiting) == [b] and sched.running == [a] and b.preemptions == 1
-        assert b.synced[VERIFIER] == held  # the verifier kept its context
+        assert list(sched.waiting) == [b] and sched.running == [a] and b.tally.preemptions == 1
+        assert held(sched, "verifier", "b") == before  # the verifier kept its context
         sched.admit()
         await sched.step(list(sched.running))
         again = [t for t in verifier.tasks() if t.request_id == "b"][-1]
-        assert (again.keep, again.context_delta) == (held, [])  # no prefill from the router
+        assert (again.keep, again.context_delta) == (before, [])  # no prefill from the router
         await steps(sched)
         for r in (a, b):
             assert tokens(events(r)) == expected(r.prompt, 20)
@@ -414,7 +446,7 @@ def test_step_info_and_accounting() -> None:
         n = await steps(sched)
         got = events(r)
         spec = got[-1].speculation
-        assert len(got) == n == spec.steps == r.steps and got[-1].usage.completion_tokens == 25
+        assert len(got) == n == spec.steps == r.tally.steps and got[-1].usage.completion_tokens == 25
         assert got[-1].usage.prompt_tokens == 3 and spec.tau == pytest.approx(25 / n)
         assert sum(c.step.accepted_tokens for c in got) == spec.accepted_tokens
         assert sum(c.step.draft_tokens for c in got) == spec.draft_tokens
@@ -442,8 +474,7 @@ def test_sampling_requests_steps_count_in_their_own_population_entry() -> None:
         store = Store()
         sched = scheduler(Recording("acct", 4), {"acct": FakeDrafter(2)}, store=store)
         sched.submit(request("greedy", max_tokens=6))
-        sched.submit(RouterRequest("sampled", (1, 2, 3), 6,
-                                   SamplingParams(temperature=0.8, seed=1)))
+        sched.submit(request("sampled", (1, 2, 3), 6, SamplingParams(temperature=0.8, seed=1)))
         await steps(sched)
         names = [name for name, _, _ in store.records]
         assert set(names) == {"acct", "acct@sampled"}
@@ -481,7 +512,7 @@ def test_verifier_outage_fails_the_requests_with_unavailable() -> None:
         await sched.step([r])
         verifier.fail = 100
         await sched.step([r])
-        assert not r.finished and VERIFIER not in r.synced  # whole contexts once it is back
+        assert not r.finished and held(sched, "verifier", "r") is None  # whole contexts next
         await asyncio.sleep(0.06)
         await sched.step([r])
         *_, last = events(r)
@@ -523,7 +554,7 @@ def test_a_sampling_request_s_scoring_calls_carry_the_target_s_probabilities(gre
         policy, drafter = Probe(), FakeDrafter(2)
         sched = scheduler(policy, {"fake": drafter})
         sampling = SamplingParams() if greedy else SamplingParams(temperature=0.8, seed=3)
-        r = RouterRequest("r", (1, 2, 3), 8, sampling)
+        r = request("r", (1, 2, 3), 8, sampling)
         sched.submit(r)
         await steps(sched)
         out = expected((1, 2, 3), 8)
@@ -533,10 +564,12 @@ def test_a_sampling_request_s_scoring_calls_carry_the_target_s_probabilities(gre
             assert r.token_probs == [] and all(not p for p in sent)
             assert set(policy.accepted) == {None}
             return
-        assert r.token_probs == [token_prob(x) for x in out]
+        # through the wire as float32
+        assert r.token_probs == pytest.approx([token_prob(x) for x in out], rel=1e-6)
         # step 1 scores the prompt (no probabilities); then each call brings the last token's
-        assert sent[0] == [] and sent[1:] == [[token_prob(x)] for x in out[:-1]]
-        assert policy.accepted[1:] == [token_prob(x) for x in out[:-1]]
+        assert sent[0] == [] and [p for (p,) in sent[1:]] == pytest.approx(
+            [token_prob(x) for x in out[:-1]], rel=1e-6)
+        assert policy.accepted[1:] == pytest.approx([token_prob(x) for x in out[:-1]], rel=1e-6)
     asyncio.run(go())
 
 
@@ -551,7 +584,7 @@ def test_policy_observes_the_length_a_chain_stopped_at() -> None:
         await sched.step([r])
         _, choice, accepted = policy.observed[0]
         assert (choice, accepted) == (StepChoice("short", 2, stop_below=0.1), 2)
-        assert r.tallies["short"].draft_tokens == 2 and r.generated == expected(r.prompt, 3)
+        assert r.tally.drafters["short"].draft_tokens == 2 and r.generated == expected(r.prompt, 3)
     asyncio.run(go())
 
 
@@ -582,10 +615,9 @@ class Shifted:
 def test_a_drafter_with_another_tokenizer_drafts_through_translation() -> None:
     async def go() -> None:
         drafter = FakeDrafter(3, v=10**6)  # the toy target's rule, in the drafter's tokens
-        sched = Scheduler(SchedulerConfig(prompt_lookup=False), FakeVerifier(),
-                          {"other": drafter}, Recording("other", 4),
-                          lambda ids: "", None, translators={"other": Shifted()})
-        r = RouterRequest("r", (1, 2, 3), 20, SamplingParams(temperature=0.7, seed=1))
+        sched = scheduler(Recording("other", 4), {"other": drafter},
+                          translators={"other": Shifted()})
+        r = request("r", (1, 2, 3), 20, SamplingParams(temperature=0.7, seed=1))
         sched.submit(r)
         await steps(sched)
         got = events(r)
@@ -628,7 +660,7 @@ def test_two_lanes_are_lossless_and_split_the_batch() -> None:
         sched.stop()
         await loop
         for r, out in zip(reqs, outs):
-            assert tokens(out) == expected(r.prompt, r.max_tokens)
+            assert tokens(out) == expected(r.prompt, r.params.max_tokens)
         sizes = [len(tasks) for tasks, _ in verifier.calls if tasks]
         assert max(sizes) == 2  # two lanes of two
         assert sorted(drafter.released) == sorted(r.request_id for r in reqs)  # idle: flushed

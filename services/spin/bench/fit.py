@@ -16,11 +16,7 @@ agreement is behind the best, ranked by the goodput the cost model predicts for 
 is a cost model). The requests are taken in a fixed shuffled order (a mixed workload) and the
 record is built as they go, from each fitted drafter's acceptance on the output. With a cost
 model, every signal also reports the mean goodput lost: 1 - the goodput predicted for its pick at
-its acceptance on the output over the best drafter's (one request alone, the best k). The signal
-``prompt_record_runner_up`` adds the learned policy's runner-up rounds (``LearnedPolicyConfig.
-runner_up_every``): every that many output tokens, a drafter within the margin of the best prompt
-agreement that predicted the tokens since the last round better than the drafter in use, by more
-than the switch margin, drafts the next ones; acceptance lost is over the whole output.
+its acceptance on the output over the best drafter's (one request alone, the best k).
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ from ..zoo.specs import FAMILY_DIR
 
 SIGNALS = ("prompt", "early_output")
 RECORD_SIGNAL = "prompt_record"
-RUNNER_UP_SIGNAL = "prompt_record_runner_up"
 
 
 @dataclass
@@ -63,10 +58,8 @@ class FitBenchConfig:
     """Output tokens the early-output signal sees."""
     threads: int = 2
     """Torch threads."""
-    policy: LearnedPolicyConfig = field(
-        default_factory=lambda: LearnedPolicyConfig(runner_up_every=12))
-    """Whose prompt-fit margins and runner-up check the replayed signals follow (runner-up
-    rounds every 12 tokens: off in serving by default, replayed to show what they would pick)."""
+    policy: LearnedPolicyConfig = field(default_factory=LearnedPolicyConfig)
+    """Whose prompt-fit margins the replayed signals follow."""
     cost_model: Path | None = None
     """Step-time model (``spin profile``) that ranks by goodput and measures goodput lost; None
     = by acceptance only."""
@@ -94,23 +87,20 @@ def run_fit_bench(cfg: FitBenchConfig) -> dict:
         step = max(1, len(rows) // cfg.prompts)
         rows = rows[::step][:cfg.prompts]
     per_request = []
-    every = cfg.policy.runner_up_every or cfg.new_tokens
     for row in tqdm(rows, desc="prompts", unit="prompt"):
         ids = tok(row["prompt"], return_tensors="pt").input_ids                   # [1, P]
         p = ids.shape[1]
         full = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                max_new_tokens=cfg.new_tokens, pad_token_id=tok.eos_token_id)[0]
         n = full.shape[0]
-        rec: dict = {"domain": row["domain"], "prompt_tokens": p, "drafters": {},
-                     "windows": [min(every, n - lo) for lo in range(p, n, every)]}
+        rec: dict = {"domain": row["domain"], "prompt_tokens": p, "output_tokens": n - p,
+                     "drafters": {}}
         for name, model in drafters.items():
             logits = model(full[None]).logits[0]                                   # [n, V]
             rec["drafters"][name] = {
                 "output": _agreement(logits, full, p, n),
                 "prompt": _agreement(logits, full, max(1, p - cfg.prompt_positions), p),
-                "early_output": _agreement(logits, full, p, min(n, p + cfg.early_positions)),
-                "windows": [_agreement(logits, full, lo, min(n, lo + every))
-                            for lo in range(p, n, every)]}
+                "early_output": _agreement(logits, full, p, min(n, p + cfg.early_positions))}
         per_request.append(rec)
     cost = CostModel.load(cfg.cost_model) if cfg.cost_model is not None else None
     return summarize(per_request, names, cfg.policy, cost)
@@ -156,8 +146,6 @@ def summarize(per_request: list[dict], names: list[str],
         report["signals"][signal] = _outcome(hits, lost, g_lost)
     policy = policy or LearnedPolicyConfig()
     report["signals"][RECORD_SIGNAL] = _with_record(per_request, names, policy, goodput)
-    report["signals"][RUNNER_UP_SIGNAL] = _with_record(per_request, names, policy, goodput,
-                                                       runner_up=True)
     for name in names:
         fitted = [rec["drafters"][name]["output"] for rec in per_request
                   if max(names, key=lambda n: rec["drafters"][n]["prompt"]) == name]
@@ -177,12 +165,10 @@ def _outcome(hits: int, lost: list[float], goodput_lost: list[float | None]) -> 
 
 
 def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolicyConfig,
-                 goodput: _Goodput, runner_up: bool = False, seed: int = 0,
-                 positions: int = 10_000) -> dict:
+                 goodput: _Goodput, seed: int = 0, positions: int = 10_000) -> dict:
     """Hits and acceptance (goodput) lost of ``PromptFit``'s choice, the requests in a shuffled
     order; each fitted request adds its output tokens at the fitted drafter's agreement to the
-    record. With ``runner_up``, the policy's runner-up rounds may hand windows of the output to
-    another drafter (``LearnedPolicy._judge``); hits then count the drafter of the last window."""
+    record."""
     by_id = {str(i): rec for i, rec in enumerate(per_request)}
     value = goodput if policy.fit_by_goodput else (lambda rec, n, rate: rate)
     fit = PromptFit(margin=policy.fit_margin, rank_margin=policy.fit_rank_margin,
@@ -191,7 +177,7 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
                     prune_after=policy.fit_prune_after, explore_every=policy.fit_explore_every)
     order = list(range(len(per_request)))
     random.Random(seed).shuffle(order)
-    hits, lost, g_lost, switched, scorers = 0, [], [], 0, 0
+    hits, lost, g_lost, scorers = 0, [], [], 0
     for i in order:
         rec = per_request[i]
         d = rec["drafters"]
@@ -200,26 +186,11 @@ def _with_record(per_request: list[dict], names: list[str], policy: LearnedPolic
             fit.observe_prompt(rid, n, round(d[n]["prompt"] * positions), positions)
             scorers += 1
         cur = fit.fitting(rid)[0]
-        sizes = rec["windows"]  # output tokens per window
-        acceptance = 0.0
-        for w, size in enumerate(sizes):
-            got = size * d[cur]["windows"][w]
-            acceptance += got
-            fit.record(rid, cur, got, size - got)
-            # a round after the window, as the router: when more than a window's tokens remain
-            if not runner_up or sum(sizes[w + 1:]) <= policy.runner_up_every:
-                continue
-            for n in fit.runners_up(rid, policy.runner_up_margin):
-                if value(rec, n, d[n]["windows"][w]) > value(
-                        rec, cur, min(1.0, d[cur]["windows"][w] + policy.runner_up_switch)):
-                    fit.promote(rid, n)
-                    switched += 1
-                    cur = n
-                    break
+        size = rec["output_tokens"]
+        fit.record(rid, cur, size * d[cur]["output"], size * (1 - d[cur]["output"]))
         best = max(names, key=lambda n: d[n]["output"])
         hits += best == cur
-        lost.append(d[best]["output"] - acceptance / max(1, sum(sizes)))
-        g_lost.append(goodput.lost(rec, cur, acceptance / max(1, sum(sizes))))
+        lost.append(d[best]["output"] - d[cur]["output"])
+        g_lost.append(goodput.lost(rec, cur, d[cur]["output"]))
         fit.release(rid)
-    out = {**_outcome(hits, lost, g_lost), "scorers_per_prompt": scorers / max(1, len(order))}
-    return {**out, "switched": switched} if runner_up else out
+    return {**_outcome(hits, lost, g_lost), "scorers_per_prompt": scorers / max(1, len(order))}

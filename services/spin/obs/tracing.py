@@ -230,8 +230,8 @@ class RequestTrace:
             return None
         span = _tracer.start_span("spin.generate", attributes={
             "spin.request_id": req.request_id, "spin.prompt_tokens": len(req.prompt),
-            "spin.max_tokens": req.max_tokens, "spin.mode": req.mode,
-            "spin.requested_drafter": req.drafter or "", "spin.requested_k": req.k})
+            "spin.max_tokens": req.params.max_tokens, "spin.mode": req.params.mode,
+            "spin.requested_drafter": req.params.drafter or "", "spin.requested_k": req.params.k})
         if not span.is_recording():
             return None
         return cls(span)

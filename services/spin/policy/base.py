@@ -2,7 +2,8 @@
 
 Every step the router hands the policy a view of each running request and the set of drafters that
 are reachable now; the policy answers one ``StepChoice`` per request. After verification the router
-reports what happened (``observe``), so learning policies can update. A choice naming a drafter
+reports what happened, one ``outcome.StepOutcome`` per step (``observe``), so learning policies
+can update. A choice naming a drafter
 that is not available is never made: the router would have nothing to run it on.
 """
 
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..timing.cost_model import CostModel
 
-if TYPE_CHECKING:
-    from .tree_choice import TreeOutcome
+if TYPE_CHECKING:  # an annotation only: outcome.py builds on this module's types
+    from .outcome import StepOutcome
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class StepChoice:
     """Tree shape: children per node per level; () = a chain."""
     score: tuple[str, ...] = ()
     """Drafters (model drafters and prompt lookup) that should also score the request's own
-    output this step: how well each predicts it, answered through ``Policy.observe_score``. A
+    output this step: how well each predicts it, answered in the step's ``outcome.StepOutcome``. A
     model drafter keeps the prefill for later drafts."""
     stop_below: float = 0.0
     """A model drafter's chain stops early once its probability (the product of its tokens'
@@ -104,34 +106,17 @@ class Policy(Protocol):
         step's predicted cost."""
         ...
 
-    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float, ranks: TreeOutcome | None = None) -> None:
-        """The outcome of a step: ``accepted`` draft tokens; the step's draft and verify seconds;
-        for a greedy draft, what its verification says of the drafter's ranks
-        (``tree_choice.outcome``)."""
+    def observe(self, outcome: StepOutcome) -> None:
+        """What a verified step did (``outcome.py``): the one report of a step."""
         ...
 
     def release(self, request_id: str) -> None:
         """The request finished or was cancelled."""
         ...
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
-                      accepted: float | None = None) -> None:
-        """``drafter`` predicted ``matches`` of ``positions`` context tokens (``StepChoice.score``);
-        for a sampling request's output, ``accepted`` estimates the draft tokens its sampled
-        drafts would get accepted at those positions (None: no estimate)."""
-        ...
-
-    def set_cost_model(self, cost) -> None:
+    def set_cost_model(self, cost: CostModel | None) -> None:
         """Plan with this ``CostModel`` from now on (the router fitted a new one: a drafter
         joined)."""
-        ...
-
-    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
-                     verify_s: float) -> None:
-        """A step the policy predicted (its plan's ``prediction``) took
-        ``draft_s`` per drafter call and ``verify_s`` for the rest (verification and the router's
-        own work), round trips included."""
         ...
 
 
@@ -165,20 +150,11 @@ class FixedPolicy:
             out.append(StepChoice(name, k) if name is not None and k > 0 else StepChoice(None))
         return out
 
-    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float, ranks: TreeOutcome | None = None) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
         return None
 
     def release(self, request_id: str) -> None:
         return None
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
-                      accepted: float | None = None) -> None:
-        return None
-
-    def set_cost_model(self, cost) -> None:
-        return None
-
-    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
-                     verify_s: float) -> None:
+    def set_cost_model(self, cost: CostModel | None) -> None:
         return None

@@ -7,7 +7,7 @@ Per step, for the running batch:
    maximise the batch's predicted goodput under the fitted cost model, and k = 0 for all unless
    speculation wins by the margin (SmartSpec's 10%), so speculation never makes a step worse by the
    model's account;
-3. after verification, the step's goodput (tokens over the step's draft + verify wall time, round
+3. after verification (one ``outcome.StepOutcome`` per step, ``observe``), the step's goodput (tokens over the step's draft + verify wall time, round
    trips included, plus the switching cost when the drafter changed) rewards the bandit, and the
    accepted count updates the request's acceptance estimate.
 
@@ -30,12 +30,6 @@ fitted (before it has such a record, from what all drafters achieved on the requ
 fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's
 prefill.
 
-**Runner-up rounds.** Prompt agreement ranks the drafters well, not perfectly. Every
-``runner_up_every`` generated tokens the model drafters that came close to the best prompt
-agreement score the tokens since their last call, and one that predicted them clearly better than
-the best-fitting drafter accepted meanwhile fits the request from then on. Off by default: in
-serving their scoring calls cost more than they gain (``LearnedPolicyConfig.runner_up_every``).
-
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them the same way (prompt lookup in the router). With greedy decoding a draft token is
 accepted exactly when it equals the target's token, so agreement on the target's own output *is*
@@ -46,7 +40,7 @@ of that (0.25 against 0.44 for draft-code, 0.29 against 0.60 for draft-general, 
 prompts). So for a sampling request the router sends the target's probability p(x) of each
 output token (the verifier's), the drafter adds up min(1, q(x)/p(x)) over the scored tokens, an
 unbiased estimate of that sum since x was drawn from p, and that counts as the accepted tokens
-instead (``observe_score``'s ``accepted``). Each scored position counts as one accepted or
+instead (``outcome.Score.accepted``). Each scored position counts as one accepted or
 rejected draft token in the request's acceptance estimate for the drafter, and the drafter's
 bandit prior (own steps kept) becomes the goodput the cost model predicts at the best k for that
 rate. Without the prompt fit every drafter scores, so a request learns which drafter fits it from
@@ -59,7 +53,7 @@ follows the recent output. Who scores when: ``scoring_rounds.py``.
 
 **Calibration.** The cost model is fitted on bare forwards (``spin profile``); in serving a step
 also pays round trips and the services' and the router's own work. After each step the router
-reports each drafter call's seconds and the rest of the step (``observe_step``), and the
+reports each drafter call's seconds and the rest of the step (``StepOutcome.rest_s``), and the
 controller moves each part's per-call constant a tenth of its error, so predicted step times (and
 the k chosen from them) follow the deployment. Scoring calls run during the verification (the
 router sends them after drafting), so a step that scored calibrates its drafters but not its
@@ -78,11 +72,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
-from .chain_length import ChainLength
 from ..timing.cost_model import CostModel
+from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
 from .prompt_fit import PromptFit
@@ -90,7 +84,8 @@ from .request_state import RequestState
 from .scoring_cost import ScoringCost
 from .scoring_rounds import ScoringRounds
 from .selector import DraftSelector, population_from_stats
-from .tree_choice import RunnerUps, TreeOutcome, choose_shapes, tree_candidates
+from .outcome import RequestOutcome, Score, StepOutcome
+from .tree_choice import RunnerUps, choose_shapes, tree_candidates
 from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
@@ -123,8 +118,7 @@ class LearnedPolicy:
         """What scoring calls add to a step (``scoring_cost.py``), in the plan's prediction."""
         self.chains = ChainLength()
         """How much of k early-stopping chains draft (``chain_length.py``)."""
-        self.scoring = ScoringRounds(self.cfg, self.fit, self.controller.tracker,
-                                     self._fit_value)
+        self.scoring = ScoringRounds(self.cfg, self.fit)
         """Who scores a request when, and what it feeds (``scoring_rounds.py``)."""
         self.runner_ups = RunnerUps(self.cfg.runner_up_prior, ema=self.cfg.controller.ema)
         """How often each drafter's second choice is the target's token (``tree_choice.py``)."""
@@ -322,48 +316,58 @@ class LearnedPolicy:
 
     # ---- what happened ---------------------------------------------------------------------------
 
-    def observe(self, request_id: str, choice: StepChoice, accepted: int, draft_s: float,
-                verify_s: float, ranks: TreeOutcome | None = None) -> None:
-        """A step's outcome. With ``ranks`` (greedy drafts), a tree's acceptance evidence is its
-        first-ranked path, and its runner-ups' record is updated (``tree_choice.py``)."""
+    def observe(self, outcome: StepOutcome) -> None:
+        """A verified step: first the scores its drafters measured, then each verified request's
+        drafting, then the step's times against their prediction (calibration)."""
+        for r in outcome.requests:
+            for score in r.scores:
+                self._observe_score(r.request_id, score)
+        for r in outcome.requests:
+            if r.verified:
+                self._observe_request(r, outcome.draft_wait_s, outcome.verify_wait_s)
+        if outcome.prediction is not None and outcome.prediction.step_s > 0:
+            self._calibrate(outcome.prediction, outcome.draft_s, outcome.rest_s)
+
+    def _observe_request(self, r: RequestOutcome, draft_s: float, verify_s: float) -> None:
+        """One request's step (``draft_s`` + ``verify_s``: what it waited). With ``ranks``
+        (greedy drafts), a tree's acceptance evidence is its first-ranked path, and its
+        runner-ups' record is updated (``tree_choice.py``)."""
+        choice, accepted, ranks = r.choice, r.accepted, r.ranks
         if ranks is not None and choice.drafter is not None:
-            self.runner_ups.observe(request_id, choice.drafter, ranks.trials, ranks.hits)
+            self.runner_ups.observe(r.request_id, choice.drafter, ranks.trials, ranks.hits)
         first = ranks.first_accepted if ranks is not None and choice.branching else accepted
-        state = self._state(request_id)
+        state = self._state(r.request_id)
         chosen, state.chosen = state.chosen, None
-        self.chains.observe(request_id, choice)  # choice.k: the length it drafted
+        self.chains.observe(r.request_id, choice)  # choice.k: the length it drafted
         if state.prefill:  # the target's prefill makes it no drafter's measure
             state.prefill = False
             if choice.drafter is not None:
-                self.controller.observe(request_id, choice.drafter, choice.k, first)
+                self.controller.observe(r.request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
             if chosen is not None:  # the bandit's pick gave a plain step: one token
-                self.selector.update(request_id, chosen, 1, draft_s + verify_s)
+                self.selector.update(r.request_id, chosen, 1, draft_s + verify_s)
             return
-        seconds = draft_s + verify_s + self.selector.switch_cost_s(request_id, choice.drafter)
-        self.selector.update(request_id, choice.drafter, accepted + 1, seconds)
-        self.controller.observe(request_id, choice.drafter, choice.k, first)
+        seconds = draft_s + verify_s + self.selector.switch_cost_s(r.request_id, choice.drafter)
+        self.selector.update(r.request_id, choice.drafter, accepted + 1, seconds)
+        self.controller.observe(r.request_id, choice.drafter, choice.k, first)
         rejected = float(accepted < choice.k)  # the chain stops at its first rejection
-        self.fit.record(request_id, choice.drafter, accepted, rejected)
-        own = state.own.setdefault(choice.drafter, [0.0, 0.0])
-        own[0] += accepted
-        own[1] += rejected
+        self.fit.record(r.request_id, choice.drafter, accepted, rejected)
 
-    def observe_score(self, request_id: str, drafter: str, matches: int, positions: int,
-                      accepted: float | None = None) -> None:
-        """Seed the request's acceptance estimate and bandit prior of ``drafter`` from its
-        agreement with the request's own output, or for sampling from ``accepted``, the
+    def _observe_score(self, request_id: str, score: Score) -> None:
+        """Seed the request's acceptance estimate and bandit prior of the drafter from its
+        agreement with the request's own output, or for sampling from ``score.accepted``, the
         estimate of what its sampled drafts would get accepted (module doc); before there is
         output, the score is of the prompt (``prompt_fit.py``)."""
+        drafter, matches, positions = score.drafter, score.matches, score.positions
         if positions <= 0:
             return
         state = self._state(request_id)
         if not state.scored:
             self.fit.observe_prompt(request_id, drafter, matches, positions)
             return
-        hits = (min(float(positions), max(0.0, accepted))
-                if accepted is not None and self.cfg.sampled_scores else matches)
+        hits = (min(float(positions), max(0.0, score.accepted))
+                if score.accepted is not None and self.cfg.sampled_scores else matches)
         self.fit.record(request_id, drafter, hits, positions - hits)
         keep = 1.0 - self.controller.cfg.ema  # earlier rounds weigh less: the output changes
         self.controller.tracker.add_evidence(request_id, drafter, hits, positions - hits, keep)
@@ -372,7 +376,6 @@ class LearnedPolicy:
         total[1] = keep * total[1] + positions
         self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
                               state.ctx)
-        self.scoring.judge(request_id, state, drafter, hits / positions)
 
     def _fit_value(self, request_id: str, drafter: str, rate: float) -> float:
         """What ranks drafters for the prompt fit (``PromptFit.value``) and runner-up rounds:
@@ -399,17 +402,17 @@ class LearnedPolicy:
         """Plan with ``cost`` from now on (calibration starts again from its constants)."""
         self.controller.cost = cost
 
-    def observe_step(self, prediction: StepPrediction, draft_s: dict[str, float],
-                     verify_s: float) -> None:
+    def _calibrate(self, prediction: StepPrediction, draft_s: Mapping[str, float],
+                   rest_s: float) -> None:
         """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); the
         verification is left out when drafters scored requests meanwhile (it shared the machine
         with work the model does not count): that step fits what scoring adds
         (``scoring_cost.py``) instead."""
         self.controller.calibrate(prediction.draft_s,
                                   math.nan if prediction.scoring_work[0] else prediction.verify_s,
-                                  draft_s, verify_s)
+                                  dict(draft_s), rest_s)
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification
-            self.scoring_cost.observe(*prediction.scoring_work, verify_s - prediction.verify_s)
+            self.scoring_cost.observe(*prediction.scoring_work, rest_s - prediction.verify_s)
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

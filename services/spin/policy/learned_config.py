@@ -71,23 +71,6 @@ class LearnedPolicyConfig:
     """Rank the drafters by the goodput the cost model predicts for that expected acceptance at
     the best k (a cheap specialist beats a general model that accepts a little more); false =
     by the expected acceptance."""
-    runner_up_every: int = 0
-    """Generated tokens between runner-up rounds: the model drafters that came within
-    ``runner_up_margin`` of the best prompt agreement, but do not fit the request, score the
-    output since their last call, and one may take over (module doc); 0 = never. A round is
-    sent only while more than this many tokens remain. Off: the rounds' scoring calls share the
-    cores with the verification and cost more than the better choices gain: ``spin bench ab
-    --a '{"runner_up_every": 12}' --b '{"runner_up_every": 0}'`` measured B / A = 0.960 with
-    early-stopping chains (0.989 before them). ``spin bench fit`` replays the rounds at 12
-    (goodput lost 0.9-1.0% against 1.2-1.3% without them, their cost not counted)."""
-    runner_up_margin: float = 0.1
-    """How close to the best prompt agreement a runner-up is."""
-    runner_up_switch: float = 0.15
-    """A runner-up whose agreement with the tokens since its last call beats the best-fitting
-    drafter's acceptance on its own steps meanwhile by more than this (compared as the goodput
-    predicted at those rates with ``fit_by_goodput``) fits the request best from then on
-    (``PromptFit.promote``). ``spin bench fit``, signal ``prompt_record_runner_up``,
-    replays the rounds over 144 held-out prompts."""
     fit_pooled_seed: bool = True
     """A best-fitting drafter without a record of its own yet starts from all drafters' record
     on the requests each fitted (``PromptFit.pooled_acceptance``) instead of its population

@@ -31,17 +31,12 @@ code, prose and structured drafters on the requests they fit best, against 0.60,
 on all); a drafter without such a record yet starts from all drafters' record together
 (``pooled_acceptance``).
 
-Drafters that came close behind by prompt agreement (``runners_up``) score the request's output
-now and then in the learned policy, and one that predicts it clearly better takes the best-fitting
-drafter's place (``promote``).
-
 A drafter that fitted none of the last ``prune_after`` requests whose prompt it scored scores
 only every ``explore_every``-th prompt (``worth_scoring``): scoring is a prefill beside the
 target's, on the same cores. Replayed as ``spin bench fit`` does (its 144 prompts; shuffled
 orders 0, 1 and 2 of ``_with_record``), 16 and 4 leave 3.33-3.40 scorers per prompt instead of 4
-(the general model sits out most) at the same goodput lost (1.17-1.34%, 0.89-1.03% with
-runner-up rounds). 8 left 3.06-3.26 but lost 2.4-5.0% (2.5-4.9% with runner-up rounds): a
-specialist can miss 8 requests of a mixed workload in a row.
+(the general model sits out most) at the same goodput lost (1.17-1.34%). 8 left 3.06-3.26 but
+lost 2.4-5.0%: a specialist can miss 8 requests of a mixed workload in a row.
 """
 
 from __future__ import annotations
@@ -135,23 +130,6 @@ class PromptFit:
         agreement those within ``margin`` of its agreement; () until two or more have scored its
         prompt."""
         return self._fitting.get(request_id, ())
-
-    def runners_up(self, request_id: str, margin: float) -> tuple[str, ...]:
-        """The drafters that do not fit the request but came within ``margin`` of the best
-        prompt agreement, best first; () before it has a best-fitting drafter."""
-        agreement = self._agreement.get(request_id, {})
-        fitting = self.fitting(request_id)
-        if not fitting:
-            return ()
-        top = max(agreement.values())
-        return tuple(n for a, n in sorted(((a, n) for n, a in agreement.items()), reverse=True)
-                     if n not in fitting and a >= top - margin)
-
-    def promote(self, request_id: str, drafter: str) -> None:
-        """``drafter`` fits the request best from now on, in place of the best-fitting one (its
-        agreement with the request's output showed it); the others fitting stay after it."""
-        rest = self.fitting(request_id)[1:]
-        self._fitting[request_id] = (drafter, *(n for n in rest if n != drafter))
 
     def record(self, request_id: str, drafter: str, accepted: float, rejected: float) -> None:
         """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted

@@ -37,14 +37,3 @@ class RequestState:
     ``1 - controller.ema`` of the next."""
     fed: dict[str, int] = field(default_factory=dict)
     """model drafter -> context length it was last fed (drafting or scoring)."""
-    own: dict[str, list[float]] = field(default_factory=dict)
-    """drafter -> [accepted, rejected] draft tokens of its steps since the request's last
-    runner-up round."""
-    next_round: int | None = None
-    """Generated tokens at which the next runner-up round is due (None: at
-    ``runner_up_every``)."""
-    pending_runners: set[str] = field(default_factory=set)
-    """Runner-ups of the latest round with runner-ups whose score is still to come."""
-    runner_window: dict[str, list[float]] = field(default_factory=dict)
-    """drafter -> [accepted, rejected] draft tokens of its own steps in the window those
-    runner-ups score (``own`` when the round was sent)."""

@@ -22,50 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
-from ..engine.tree import TokenTree
 from .acceptance import AcceptanceTracker
 from .base import RequestView
 from .tree_shape import Shape, candidates, expected_accepted, fed, nodes
-
-
-@dataclass(frozen=True)
-class TreeOutcome:
-    """What one greedy step's verification says about the drafter's ranks."""
-
-    first_accepted: int
-    """Levels accepted through first-ranked children from the root: the chain's acceptance
-    evidence (a tree's second-ranked acceptances do not count toward alpha)."""
-    trials: int
-    """Levels where the first-ranked token was rejected and a second-ranked one was known."""
-    hits: int
-    """Of them, those where the target's token was the second-ranked one."""
-
-
-def outcome(tree: TokenTree, tokens: tuple[int, ...] | list[int], accepted: int) -> TreeOutcome:
-    """The rank evidence of a verified greedy step: ``tokens`` emitted (``accepted`` draft
-    tokens, then the target's own), the drafted ``tree`` (children listed best first)."""
-    trials = hits = 0
-    first, on_first, node = 0, True, -1
-    for level in range(accepted + 1):
-        want = tokens[level]
-        kids = tree.children(node)
-        if not kids:
-            break
-        if tree.tokens[kids[0]] == want:
-            node = kids[0]
-            first += on_first
-            continue
-        on_first = False
-        second = (tree.tokens[kids[1]] if len(kids) > 1
-                  else tree.second[kids[0]] if tree.second else -1)
-        if second >= 0:
-            trials += 1
-            hits += second == want
-        if len(kids) > 1 and second == want:
-            node = kids[1]
-            continue
-        break
-    return TreeOutcome(first, trials, hits)
 
 
 class RunnerUps:

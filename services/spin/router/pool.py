@@ -7,9 +7,14 @@ from discovery) or is down, the request is pinned elsewhere with ``keep = 0``: t
 the whole context, which costs one prefill and never changes the output. A replica that fails
 mid-batch answers *resync* for its share of the batch, so the rest of the batch goes on.
 
-A pool is used exactly like one stream: ``route`` (the ``keep`` to send), ``call`` (``spin.v1``
-batches), ``available``, ``info``, ``close``; the scheduler reaches it through the typed facades
-of ``services.py``, which convert its plain tasks and results. Replicas come from
+The pool is the one record of what the service holds of each request and what it must free:
+``keep`` pins a request and says how many context tokens to keep (what its replica holds, 0 on a
+replica new to it), ``hold`` records what it holds after a call, ``forget`` that its state is
+unknown (a *resync*: the whole context next time), and ``release`` that the request is done (each
+replica that holds it frees it with its next call, or ``flush`` when the router idles). It is
+used like one stream: ``call`` (``spin.v1`` batches), ``available``, ``info``, ``close``; the
+scheduler reaches it through the typed facades of ``services.py``, which convert its plain tasks
+and results. Replicas come from
 ``set_addresses`` (static in embedded mode; the Kubernetes watch in a cluster, see
 ``discovery.py``).
 """
@@ -42,6 +47,8 @@ class ReplicaPool:
         """address -> StreamClient"""
         self.pins: dict[str, str] = {}
         """request id -> address of the replica holding its context"""
+        self.held: dict[str, int] = {}
+        """request id -> context tokens its replica holds (absent: none known)"""
         self._releases: dict[str, set[str]] = collections.defaultdict(set)
         """address -> request ids to release there at its next call"""
         self._closing: set[asyncio.Task] = set()
@@ -63,7 +70,7 @@ class ReplicaPool:
             client = self.replicas.pop(addr)
             self._releases.pop(addr, None)
             for rid in [r for r, a in self.pins.items() if a == addr]:
-                del self.pins[rid]  # routed afresh, with the whole context, at its next step
+                self._unpin(rid)  # routed afresh, with the whole context, at its next step
             task = asyncio.get_running_loop().create_task(client.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -77,30 +84,58 @@ class ReplicaPool:
         """Some replica is up, or due for another try."""
         return any(c.available for c in self.replicas.values())
 
-    # ---- routing ---------------------------------------------------------------------------------
-    def route(self, request_id: str, keep: int) -> int:
-        """Pin the request (if it is not, or its replica is gone or down) and return the ``keep``
-        to send: what the router last synced, or 0 on a replica that never saw the request."""
+    # ---- what each replica holds ----------------------------------------------------------------
+    def keep(self, request_id: str) -> int:
+        """Pin the request (if it is not, or its replica is gone or down) and return the context
+        tokens to keep: what its replica holds, 0 on a replica that never saw it."""
         addr = self.pins.get(request_id)
         client = self.replicas.get(addr) if addr else None
         if client is not None and (client.available or not self.available):
-            return keep
+            return self.held.get(request_id, 0)
         live = [a for a, c in self.replicas.items() if c.available] or list(self.replicas)
-        if not live:
-            return keep  # nothing to pin to: the call fails and the scheduler handles it
+        if not live:  # nothing to pin to: the call fails and the scheduler handles it
+            return self.held.get(request_id, 0)
         load = collections.Counter(self.pins.values())
         new = min(sorted(live), key=lambda a: load[a])
         if addr in self.replicas:  # moved off a replica that is down: free it there when back
             self._releases[addr].add(request_id)
         self.pins[request_id] = new
+        self.held.pop(request_id, None)
         return 0
+
+    def hold(self, request_id: str, tokens: int) -> None:
+        """After a call: the request's replica holds ``tokens`` context tokens."""
+        self.held[request_id] = tokens
+
+    def forget(self, request_id: str) -> None:
+        """What the replica holds of the request is unknown: the whole context next time."""
+        self.held.pop(request_id, None)
 
     def release(self, request_ids: set[str] | list[str]) -> None:
         """Forget requests; each replica that holds one frees it with its next call."""
         for rid in request_ids:
             addr = self.pins.pop(rid, None)
+            self.held.pop(rid, None)
             if addr in self.replicas:
                 self._releases[addr].add(rid)
+
+    @property
+    def pending_releases(self) -> bool:
+        """Some replica has requests to free at its next call."""
+        return any(ids for a, ids in self._releases.items() if a in self.replicas)
+
+    async def flush(self) -> None:
+        """Send the pending releases alone (the router idles: free the caches now)."""
+        if self.pending_releases and self.available:
+            try:
+                await self.call(self._batch([]))
+            except ServiceDown as e:
+                log.info("%s %s: release call failed: %s", self.kind, self.name, e)
+
+    def _unpin(self, request_id: str) -> None:
+        """The request's replica is gone with what it held: routed afresh at its next call."""
+        self.pins.pop(request_id, None)
+        self.held.pop(request_id, None)
 
     # ---- calls -----------------------------------------------------------------------------------
     async def info(self, timeout_s: float = 10.0):
@@ -117,13 +152,12 @@ class ReplicaPool:
         """Send a batch's tasks to their replicas (with each one's pending releases) and return one
         response, results in the batch's task order. A replica that fails answers *resync* for its
         tasks; ServiceDown only when every replica with tasks failed."""
-        self.release(batch.release)
         if batch.tasks and not self.replicas:
             raise ServiceDown(f"{self.kind} {self.name} has no replicas")
         groups: dict[str, list[int]] = collections.defaultdict(list)
         for i, task in enumerate(batch.tasks):
             if task.request_id not in self.pins:
-                task.keep = self.route(task.request_id, 0)
+                task.keep = self.keep(task.request_id)
             groups[self.pins[task.request_id]].append(i)
         targets = set(groups) if batch.tasks else {a for a, ids in self._releases.items() if ids}
         targets &= set(self.replicas)
@@ -134,7 +168,7 @@ class ReplicaPool:
                 return await self._call_one(order[0], batch, timeout_s)
             except ServiceDown:
                 for task in batch.tasks:  # lost with the replica: routed afresh next step
-                    self.pins.pop(task.request_id, None)
+                    self._unpin(task.request_id)
                 raise
         outcomes = await asyncio.gather(*(self._call_one(a, self._batch([batch.tasks[i] for i in
                                                                           groups[a]]), timeout_s)
@@ -148,7 +182,7 @@ class ReplicaPool:
                     raise outcome
                 failed.append(outcome)
                 for i in idx:  # lost with the replica: routed afresh next step
-                    self.pins.pop(batch.tasks[i].request_id, None)
+                    self._unpin(batch.tasks[i].request_id)
                     results[i] = self._resync(batch.tasks[i].request_id)
                 continue
             seconds = max(seconds, _seconds(outcome))

@@ -1,9 +1,11 @@
-"""A request as the router tracks it: tokens, what each service holds of its context, streaming
-state (incremental text, stop strings) and speculation statistics."""
+"""A request as the router tracks it: what it asks (``RequestParams``), where it is
+(``RequestStatus``), its tokens and stream, and its accounting (``RequestTally``); and its
+incremental text (``TextStream``: stop strings held back until they cannot match)."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,8 +15,46 @@ from ..engine.prompt_lookup import PromptLookupIndex
 from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from ..engine.translate import TranslatedContext
     from ..obs.tracing import RequestTrace
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is (nano-vllm's ``SequenceStatus``)."""
+
+    WAITING = enum.auto()
+    """In the queue: not yet admitted, or preempted (the services keep its context)."""
+    RUNNING = enum.auto()
+    """In a lane: stepped with its micro-batch."""
+    FINISHED = enum.auto()
+    """Done (finished, failed or cancelled): its stream is closed, its caches released."""
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What a request asks: validated, never changed while it runs."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    """Prompt token ids."""
+    max_tokens: int
+    """Tokens to generate at most."""
+    sampling: SamplingParams
+    """Temperature, top-p and seed (greedy at temperature 0)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings (not returned)."""
+    ignore_eos: bool = False
+    """Go on past the end-of-sequence token."""
+    mode: Literal["auto", "off", "drafter"] = "auto"
+    """Speculation: the policy's choice, none, or the client's drafter."""
+    drafter: str | None = None
+    """Client-chosen drafter (mode 'drafter')."""
+    k: int = 0
+    """Client-chosen k (mode 'drafter'; 0 = the policy's)."""
+    early_stop: bool = False
+    """A client-chosen k's chain stops early as the policy's do (``Speculation.early_stop``)."""
+    logprobs: int | None = None
+    """Return the target's log-probabilities of the generated tokens and this many alternatives
+    each (None: none)."""
 
 
 @dataclass
@@ -27,61 +67,73 @@ class DrafterTally:
 
 
 @dataclass
-class RouterRequest:
-    """One admitted request."""
+class RequestTally:
+    """A request's accounting: its times and its steps (``accounting.py`` keeps it)."""
 
-    request_id: str
-    prompt: tuple[int, ...]
-    """Prompt token ids."""
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()
-    """Stop strings (not returned)."""
-    ignore_eos: bool = False
-    mode: Literal["auto", "off", "drafter"] = "auto"
-    drafter: str | None = None
-    """Client-chosen drafter (mode 'drafter')."""
-    k: int = 0
-    """Client-chosen k (mode 'drafter'; 0 = policy's)."""
-    early_stop: bool = False
-    """A client-chosen k's chain stops early as the policy's do (``Speculation.early_stop``)."""
-    logprobs: int | None = None
-    """Return the target's log-probabilities of the generated tokens and this many alternatives
-    each (None: none)."""
     arrival: float = field(default_factory=time.perf_counter)
+    scheduled_at: float | None = None
+    """First admitted (a preempted request keeps its first)."""
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    steps: int = 0
+    """Verification steps that produced tokens."""
+    steps_off: int = 0
+    """Of those, steps without speculation."""
+    drafters: dict[str, DrafterTally] = field(default_factory=dict)
+    """Drafter name -> its part."""
+    preemptions: int = 0
+    """Times the verifier dropped its cache for lack of blocks (it waited, then recomputed)."""
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(t.draft_tokens for t in self.drafters.values())
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(t.accepted_tokens for t in self.drafters.values())
+
+
+@dataclass
+class RouterRequest:
+    """One admitted request: what it asks (``params``), its state, and its accounting
+    (``tally``). What each service holds of its context is the services' own record
+    (``pool.py``, ``proposers.py``), not the request's."""
+
+    params: RequestParams
+    status: RequestStatus = RequestStatus.WAITING
+    cancelled: bool = False
+    """The client went away: the request finishes at its lane's next tidy-up."""
     generated: list[int] = field(default_factory=list)
     token_probs: list[float] = field(default_factory=list)
     """Sampling requests: the target's probability of each generated token under the processed
     row it was drawn from (0 = unknown); what a drafter's scoring call estimates its acceptance
     against. Empty when greedy."""
-    synced: dict[str, int] = field(default_factory=dict)
-    """Service key ('verifier' or a drafter name) -> context tokens that service holds."""
-    touched: set[str] = field(default_factory=set)
-    """Drafters that were ever sent this request (all get its release, synced or not)."""
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     """Events for the client stream (``streaming.py``: a ``Chunk`` per step, or a
     ``RequestError`` that ends it)."""
-    cancelled: bool = False
-    finished: bool = False
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    scheduled_at: float | None = None
-    steps: int = 0
-    steps_off: int = 0
-    tallies: dict[str, DrafterTally] = field(default_factory=dict)
     kv_pending: int = 0
     """KV blocks the admission counts for the request until its first verification."""
-    preemptions: int = 0
-    """Times the verifier dropped its cache for lack of blocks (it waited, then recomputed)."""
-    lookup_scored: int = 0
-    """Context tokens prompt lookup was scored on (each round scores only what came since)."""
     lookup: PromptLookupIndex = field(default_factory=PromptLookupIndex)
     """Prompt lookup over the context, kept up to date by ``lookup_index``."""
     trace: RequestTrace | None = None
     """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
-    translated: dict[str, TranslatedContext] = field(default_factory=dict)
-    """Drafter with another tokenizer -> the context in its tokens (``router/translated.py``);
-    ``synced`` counts that drafter's tokens."""
+    tally: RequestTally = field(default_factory=RequestTally)
+
+    @property
+    def request_id(self) -> str:
+        return self.params.request_id
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.params.prompt
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.params.sampling
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
 
     @property
     def traceparent(self) -> str:
@@ -119,12 +171,9 @@ class RouterRequest:
         return len(self.prompt) + len(self.generated)
 
     @property
-    def draft_tokens(self) -> int:
-        return sum(t.draft_tokens for t in self.tallies.values())
-
-    @property
-    def accepted_tokens(self) -> int:
-        return sum(t.accepted_tokens for t in self.tallies.values())
+    def remaining(self) -> int:
+        """Tokens it may still generate."""
+        return self.params.max_tokens - len(self.generated)
 
 
 class TextStream:

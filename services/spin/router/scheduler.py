@@ -1,23 +1,24 @@
 """The router's decoding step, over engine types: choose -> draft -> verify -> apply.
 
 Every step of a micro-batch: ask the policy for each request's drafter and k (a ``StepPlan``),
-draft (prompt lookup here in the router, model drafters over their services, concurrently), verify
-the whole micro-batch in one call (the policy's scoring calls to drafters run meanwhile), then
-apply each verdict: account it, stream its tokens, finish the request or requeue a preempted one.
-Requests join and leave between steps (continuous batching), admitted by the batch's room and
-the verifier's KV blocks (``admission.py``).
+draft (every proposer of the plan at once: ``proposers.py``), verify the whole micro-batch in one
+call (the proposers that score requests for the policy run meanwhile), then apply each verdict:
+stream its tokens, requeue a preempted request, and build the step's one record,
+``policy.outcome.StepOutcome``, which the policy and the accounting each read once; requests
+that finished are then released. Requests join and leave between steps (continuous batching),
+admitted by the batch's room and the verifier's KV blocks (``admission.py``).
 
-Each service holds each request's context: a task sends ``keep`` (what the service holds of it,
-``r.synced``) and the tokens after it; a service that answers *resync* gets the whole context
-next time. Finished and cancelled requests are released in every service that holds them, the
-releases riding along with the next call to that service (or sent alone when the router idles).
-A drafter that fails or stalls costs its requests one step without speculation (still lossless);
+What each service holds of each request's context, and what it must free, is the services' own
+record (``pool.py``): a task sends the ``keep`` it gives and the tokens after it; a service that
+answers *resync* gets the whole context next time; a finished or cancelled request is released
+in every service, riding along with its next call (or sent alone when the router idles). A
+drafter that fails or stalls costs its requests one step without speculation (still lossless);
 a verifier that stays unreachable fails its requests after ``verifier_outage_s``.
 
 Where the rest lives: the lanes (micro-batches in flight) and their loop in ``pipeline.py``; the
 services' calls in ``services.py`` (the one place tasks and trees become wire messages);
 metrics, statistics and ``StepInfo`` in ``accounting.py``; the client's stream (text, stop
-strings, finish, usage) in ``streaming.py``; drafters with another tokenizer in ``translated.py``.
+strings, finish, usage) in ``streaming.py``.
 """
 
 from __future__ import annotations
@@ -29,28 +30,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from ..engine.prompt_lookup import lookup_tree
-from ..engine.translate import Translator
 from ..engine.tree import TokenTree
 from ..obs import tracing
-from ..policy.base import PROMPT_LOOKUP, Policy, RequestView, StepChoice, StepPrediction
-from ..policy.tree_choice import outcome
+from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..policy.base import Policy, RequestView, StepChoice, StepPlan
+from ..policy.outcome import RequestOutcome, Score, StepOutcome, outcome
 from ..stats.store import StatsStore
-from .accounting import Accounting
+from .accounting import Accounting, StepInfo
 from .admission import KVBudget
 from .config import SchedulerConfig
 from .pipeline import Pipeline
-from .requests import RouterRequest
-from .services import (DraftTask, Drafter, ServiceDown, Verifier, VerifyReply, VerifyResult,
-                       VerifyTask)
+from .proposers import Group, Proposals, Proposer
+from .requests import RequestStatus, RouterRequest
+from .services import ServiceDown, Verifier, VerifyReply, VerifyResult, VerifyTask
 from .streaming import ErrorCode, Streamer
-from .translated import TranslatedDrafters
 
 log = logging.getLogger(__name__)
-VERIFIER = "verifier"
-PROMPT_SCORE_POSITIONS = 512
-"""Prompt positions (its tail) a drafter scores at a request's first step."""
-Group = list[tuple[RouterRequest, StepChoice]]
 
 
 class QueueFull(RuntimeError):
@@ -60,26 +55,23 @@ class QueueFull(RuntimeError):
 class Scheduler:
     """The waiting queue, the running batch and the step; ``run`` steps its lanes."""
 
-    def __init__(self, cfg: SchedulerConfig, verifier: Verifier, drafters: Mapping[str, Drafter],
-                 policy: Policy, decode: Callable[[list[int]], str], eos_id: int | None,
-                 store: StatsStore | None = None, kv: KVBudget | None = None,
-                 translators: dict[str, Translator] | None = None) -> None:
+    def __init__(self, cfg: SchedulerConfig, verifier: Verifier,
+                 proposers: Mapping[str, Proposer], policy: Policy,
+                 decode: Callable[[list[int]], str], eos_id: int | None,
+                 store: StatsStore | None = None, kv: KVBudget | None = None) -> None:
         self.cfg = cfg
         self.kv = kv or KVBudget(0, 0, 0)
         """The verifier's KV blocks (admission); block size 0 = admit by ``max_batch`` only."""
         self.verifier = verifier
-        self.drafters = drafters
-        """Drafter name -> its service (a live view: discovery adds and removes drafters)."""
-        self.translated = TranslatedDrafters(translators)
-        """Drafters with another tokenizer: they draft through token translation."""
+        self.proposers = proposers
+        """Drafter name -> its proposer (``proposers.Proposers``: a live view, discovery adds
+        and removes drafters)."""
         self.policy = policy
         self.accounting = Accounting(store)
         self.stream = Streamer(decode, eos_id)
         self.pipeline = Pipeline(cfg.micro_batches)
         self.waiting: collections.deque[RouterRequest] = collections.deque()
         self.running: list[RouterRequest] = []
-        self._release: dict[str, set[str]] = collections.defaultdict(set)
-        """Service key -> request ids to release there with its next call."""
         self._verifier_down_since: float | None = None
 
     # ---- requests in and out ------------------------------------------------------------------
@@ -109,6 +101,7 @@ class Scheduler:
                 break
             req = self.waiting.popleft()
             req.kv_pending = blocks
+            req.status = RequestStatus.RUNNING
             self.accounting.scheduled(req)
             self.running.append(req)
             self.pipeline.place(req)
@@ -126,18 +119,22 @@ class Scheduler:
         """The verifier had no KV blocks for the request this step: it waits at the head of the
         queue (the verifier keeps its context) and is verified again when blocks are free."""
         self._unschedule(req)
-        req.preemptions += 1
+        req.tally.preemptions += 1
+        req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         self.accounting.queues(len(self.waiting), len(self.running))
 
     def _finish(self, req: RouterRequest) -> None:
-        req.finished = True
+        """Done: out of the queues, its stream closed, released in every service and the
+        policy."""
+        req.status = RequestStatus.FINISHED
         if req in self.waiting:  # cancelled while preempted
             self.waiting.remove(req)
         self._unschedule(req)
         self.stream.close(req)
-        for service in req.touched | {VERIFIER}:
-            self._release[service].add(req.request_id)
+        self.verifier.release([req.request_id])
+        for name in list(self.proposers):
+            self.proposers[name].release(req.request_id)
         self.policy.release(req.request_id)
         self.accounting.queues(len(self.waiting), len(self.running))
 
@@ -160,8 +157,11 @@ class Scheduler:
         self.admit()
 
     async def _idle(self) -> None:
-        if not self.running:
-            await self._flush_releases()
+        """No request runs: send the releases still pending, so services free their caches."""
+        if self.running:
+            return
+        services = [self.verifier, *(self.proposers[n] for n in list(self.proposers))]
+        await asyncio.gather(*(s.flush() for s in services if s.pending_releases))
 
     async def _step_lane(self, reqs: list[RouterRequest]) -> None:
         try:
@@ -175,204 +175,155 @@ class Scheduler:
     async def step(self, reqs: list[RouterRequest]) -> None:
         """One choose -> draft -> verify -> apply step of a micro-batch."""
         t0 = time.perf_counter()
-        available = {n for n, c in self.drafters.items() if c.available}
-        if self.cfg.prompt_lookup:
-            available.add(PROMPT_LOOKUP)
+        available = {n for n in list(self.proposers) if self.proposers[n].available}
         plan = self.policy.choose([self._view(r) for r in reqs], available)
         tracing.start_steps(reqs, plan)  # no-op unless tracing is on
-        trees, draft_s, scoring = await self._draft(reqs, plan)
+        drafts = await self._call(self._groups(reqs, plan), "propose")
+        trees = {rid: t for p in drafts.values() for rid, t in p.trees.items()}
         t1 = time.perf_counter()
         # scoring calls do not feed this step's trees: they run while the verifier works
-        scored = asyncio.gather(*(self._draft_one(n, g) for n, g in scoring.items()))
+        scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
         tasks = []
         for r in reqs:
-            keep = self.verifier.route(r.request_id, r.synced.get(VERIFIER, 0))
+            keep = self.verifier.keep(r.request_id)
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
-                                    r.tracestate, r.logprobs))
-        release = self._release.pop(VERIFIER, set())
+                                    r.tracestate, r.params.logprobs))
+        reply: VerifyReply | None = None
         try:
-            reply = await self.verifier.verify(tasks, release, self.cfg.verify_timeout_s)
-            t2 = time.perf_counter()  # the verification alone: scoring calls may still run
+            reply = await self.verifier.verify(tasks, self.cfg.verify_timeout_s)
         except ServiceDown as e:
-            self._release[VERIFIER] |= release
             self._verifier_outage(reqs, str(e))
+        finally:  # within the step: a request's release never overtakes its scoring
+            t2 = time.perf_counter()  # the verification alone: scoring calls may still run
+            scored = await scoring
+        scores: dict[str, list[Score]] = collections.defaultdict(list)
+        for p in scored.values():
+            for rid, sc in p.scores.items():
+                scores[rid].append(sc)
+        called = {n: not p.failed for calls in (drafts, scored) for n, p in calls.items()
+                  if p.remote}
+        step = StepOutcome((), plan.prediction if reply is not None else None, t1 - t0, t2 - t1, 0.0,
+                           {n: p.seconds for n, p in drafts.items()},
+                           reply.verify_seconds if reply is not None else 0.0, called)
+        self._apply(reqs, plan, reply, trees, scores, step, t0)
+        if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
-            return
-        finally:
-            await scored  # within the step: a request's release never overtakes its scoring
-        self._verifier_down_since = None
-        self.kv.report(reply.free_blocks, reply.num_blocks)
-        prediction = plan.prediction
-        predicted_s = prediction.step_s if prediction is not None else 0.0
-        for r, choice, res in zip(reqs, plan, reply.results):
-            tree = trees.get(r.request_id)
-            # the step's wall time (round trips included) is what the request waited: goodput
-            self._apply(r, choice if tree is not None else StepChoice(None), res, tree,
-                        t1 - t0, t2 - t1, predicted_s, len(reqs))
-        self._account_step(len(reqs), reply, draft_s, t0, t1, t2, prediction)
 
     def _view(self, r: RouterRequest) -> RequestView:
         """What the policy may know of ``r`` (whether prompt lookup would draft: it looks first)."""
-        lookup = self.cfg.prompt_lookup and r.lookup_index().has_match()
-        return RequestView(r.request_id, r.context_len, len(r.generated),
-                           r.max_tokens - len(r.generated), r.sampling.greedy, r.mode, r.drafter,
-                           r.k, r.early_stop, lookup_match=lookup,
+        p = r.params
+        lookup = PROMPT_LOOKUP in self.proposers and r.lookup_index().has_match()
+        return RequestView(r.request_id, r.context_len, len(r.generated), r.remaining,
+                           r.sampling.greedy, p.mode, p.drafter, p.k, p.early_stop,
+                           lookup_match=lookup,
                            lookup_branches=1 + bool(lookup and r.lookup_index().alternative(1)))
-
-    def _account_step(self, batch_size: int, reply: VerifyReply, draft_s: dict[str, float],
-                      t0: float, t1: float, t2: float, prediction: StepPrediction | None) -> None:
-        step_s = time.perf_counter() - t0
-        self.accounting.step(batch_size, t1 - t0, t2 - t1, step_s, draft_s, reply.verify_seconds,
-                             prediction)
-        if prediction is not None and prediction.step_s > 0:
-            # the verification's share: the whole step but the drafters' calls (router work too)
-            drafting_s = max(draft_s.values(), default=0.0)
-            self.policy.observe_step(prediction, draft_s, step_s - drafting_s)
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()
         self._verifier_down_since = self._verifier_down_since or now
         for r in reqs:  # whatever the verifier kept, the next call resends whole contexts
-            r.synced.pop(VERIFIER, None)
+            self.verifier.forget(r.request_id)
         if now - self._verifier_down_since > self.cfg.verifier_outage_s:
             for r in reqs:
                 self._fail(r, "unavailable", f"verifier unreachable: {error}")
 
-    # ---- drafting -------------------------------------------------------------------------------
-    async def _draft(self, reqs: list[RouterRequest], choices: list[StepChoice],
-                     ) -> tuple[dict[str, TokenTree], dict[str, float], dict[str, Group]]:
-        """Trees per request id (only for requests that got one), draft seconds per drafter, and
-        the scoring tasks per model drafter (for the caller to send while verifying)."""
-        trees: dict[str, TokenTree] = {}
-        seconds: dict[str, float] = {}
+    # ---- proposers -------------------------------------------------------------------------------
+    def _groups(self, reqs: list[RouterRequest], plan: StepPlan) -> dict[str, Group]:
+        """Requests per proposer that drafts for them, and every proposer with releases to send
+        (they ride along with a call)."""
         groups: dict[str, Group] = collections.defaultdict(list)
-        scoring: dict[str, Group] = collections.defaultdict(list)
-        for r, c in zip(reqs, choices):
-            for name in c.score:  # the policy's probe of how well each drafter predicts r
-                if name == c.drafter:
-                    continue  # this step measures it for real
-                if name == PROMPT_LOOKUP:  # like a drafter: only the tokens since the last round
-                    start = max(len(r.prompt), r.lookup_scored)
-                    r.lookup_scored = r.context_len
-                    self.policy.observe_score(r.request_id, name, *r.lookup_index().score(start))
-                elif (name in self.drafters and self.drafters[name].available
-                      and name not in self.translated):  # its predictions are in other tokens
-                    scoring[name].append((r, StepChoice(name, 0, score=(name,))))
-            if c.drafter is None or c.k <= 0:
-                continue
-            if c.drafter == PROMPT_LOOKUP:  # free: runs here, no round trip
-                start = time.perf_counter()
-                tree = lookup_tree(r.lookup_index(), c.k, bool(c.branching))
-                if tree is not None:
-                    trees[r.request_id] = tree
-                seconds[PROMPT_LOOKUP] = seconds.get(PROMPT_LOOKUP, 0.0) + time.perf_counter() - start
-            elif c.drafter in self.drafters:
+        for r, c in zip(reqs, plan):
+            if c.drafter is not None and c.k > 0 and c.drafter in self.proposers:
                 groups[c.drafter].append((r, c))
-        names = set(groups) | {n for n, ids in self._release.items()  # releases ride along
-                               if ids and n in self.drafters and self.drafters[n].available}
-        results = await asyncio.gather(*(self._draft_one(n, groups.get(n, [])) for n in names))
-        for name, (got, secs) in zip(names, results):
-            trees.update(got)
-            seconds[name] = secs
-        return trees, seconds, scoring
+        for name in list(self.proposers):
+            p = self.proposers[name]
+            if name not in groups and p.pending_releases and p.available:
+                groups[name] = []
+        return groups
 
-    async def _draft_one(self, name: str, group: Group) -> tuple[dict[str, TokenTree], float]:
-        """One drafter's call for ``group`` (its pending releases ride along): trees per request
-        id, and the drafter's seconds; a failed call drafts nothing."""
-        drafter = self.drafters[name]
-        translated = name in self.translated
-        tasks = []
-        for r, c in group:
-            if translated:  # context, chain and sampling in the drafter's own tokens
-                tasks.append(self.translated.task(drafter, r, c, name))
-            else:
-                keep = drafter.route(r.request_id, r.synced.get(name, 0))
-                probs = (r.context_probs_from(keep)
-                         if c.score and r.generated and not r.sampling.greedy else [])
-                tasks.append(DraftTask(r.request_id, keep, r.context_from(keep), c.k, r.sampling,
-                                       c.branching, r.traceparent, r.tracestate, bool(c.score),
-                                       _score_from(r) if c.score else 0, c.stop_below, probs))
-                r.synced[name] = r.context_len
-            r.touched.add(name)
-        release = self._release.pop(name, set())
-        try:
-            reply = await drafter.draft(tasks, release, self.cfg.draft_timeout_s)
-        except ServiceDown as e:
-            log.warning("drafting without %s this step: %s", name, e)
-            self.accounting.drafter_failed(name)
-            self._release[name] |= release
-            for r, _ in group:
-                r.synced.pop(name, None)  # unknown state: resend the whole context next time
-            return {}, 0.0
-        self.accounting.drafter_answered(name)
-        trees = {}
-        for (r, c), res in zip(group, reply.results):
-            if res.resync:
-                r.synced.pop(name, None)
-            elif res.score_positions:
-                self.policy.observe_score(
-                    r.request_id, name, res.score_matches, res.score_positions,
-                    res.score_acceptance if res.score_acceptance_positions == res.score_positions
-                    else None)
-            elif res.tree is not None and len(res.tree):
-                tree = self.translated.tree(r, name, res.tree, c.k) if translated else res.tree
-                if tree is not None:
-                    trees[r.request_id] = tree
-        return trees, reply.draft_seconds
+    def _scorers(self, reqs: list[RouterRequest], plan: StepPlan) -> dict[str, Group]:
+        """Requests per proposer that scores them (the policy's probe of how well each drafter
+        predicts a request); a request's own drafter this step measures itself for real."""
+        groups: dict[str, Group] = collections.defaultdict(list)
+        for r, c in zip(reqs, plan):
+            for name in c.score:
+                p = self.proposers.get(name)
+                if name != c.drafter and p is not None and p.available and p.can_score:
+                    groups[name].append((r, c))
+        return groups
 
-    async def _flush_releases(self) -> None:
-        """Idle: send release-only calls so services free their caches now."""
-        calls = []
-        for name, ids in list(self._release.items()):
-            service = self.verifier if name == VERIFIER else self.drafters.get(name)
-            if not ids or service is None or not service.available:
-                continue
-            self._release.pop(name)
-            calls.append(self.verifier.verify([], ids) if name == VERIFIER
-                         else self.drafters[name].draft([], ids))
-        for result in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(result, Exception):
-                log.info("release call failed: %s", result)
+    async def _call(self, groups: dict[str, Group], what: str) -> dict[str, Proposals]:
+        """Each proposer's ``propose`` or ``score`` for its group, all at once."""
+        names = list(groups)
+        calls = [getattr(self.proposers[n], what)(groups[n], self.cfg.draft_timeout_s)
+                 for n in names]
+        return dict(zip(names, await asyncio.gather(*calls)))
 
     # ---- after verification -----------------------------------------------------------------
-    def _apply(self, r: RouterRequest, choice: StepChoice, res: VerifyResult,
-               tree: TokenTree | None, draft_s: float, verify_s: float, predicted_s: float,
-               batch_size: int) -> None:
-        """Account one verified step (its drafted ``tree``, None without one) and stream its
-        tokens (``predicted_s``: the policy's prediction of the batch step, 0 = none)."""
+    def _apply(self, reqs: list[RouterRequest], plan: StepPlan, reply: VerifyReply | None,
+               trees: dict[str, TokenTree], scores: dict[str, list[Score]], step: StepOutcome,
+               t0: float) -> None:
+        """Apply each verdict (stream its tokens, requeue a preempted request), then hand the
+        step's outcome to the policy and the accounting, then finish the requests that are
+        done (after the policy saw their last step)."""
+        if reply is not None:
+            self._verifier_down_since = None
+            self.kv.report(reply.free_blocks, reply.num_blocks)
+        results: list[VerifyResult | None] = list(reply.results) if reply is not None else [
+            None] * len(reqs)
+        outcomes, done = [], []
+        for r, choice, res in zip(reqs, plan, results):
+            tree = trees.get(r.request_id)
+            o = self._outcome(r, choice if tree is not None else StepChoice(None), tree, res,
+                              tuple(scores.get(r.request_id, ())))
+            outcomes.append(o)
+            if res is not None:
+                tracing.end_step(r, o.choice, o.drafted, res)
+            if o.verified:
+                n, finish = self._emit(r, o, res, StepInfo.of(o, step, len(reqs)))
+                outcomes[-1] = replace(o, emitted=n)
+                if finish:
+                    done.append(r)
+        step = replace(step, requests=tuple(outcomes), step_s=time.perf_counter() - t0)
+        self.policy.observe(step)
+        if reply is not None:
+            self.accounting.step(step)
+        for r in done:
+            self._finish(r)
+
+    def _outcome(self, r: RouterRequest, choice: StepChoice, tree: TokenTree | None,
+                 res: VerifyResult | None, scores: tuple[Score, ...]) -> RequestOutcome:
+        """``r``'s part of the step; its services' records updated (resync, preemption)."""
         drafted = len(tree) if tree is not None else 0
-        tracing.end_step(r, choice, drafted, res)
-        if r.cancelled:
-            return
+        base = RequestOutcome(r.request_id, r.sampling.greedy, choice, drafted, scores=scores)
+        if res is None or r.cancelled or r.finished:
+            return base
         if res.resync:
-            r.synced.pop(VERIFIER, None)
-            return
+            self.verifier.forget(r.request_id)
+            return base
         self.kv.verified(r.kv_pending)
         r.kv_pending = 0
         if res.preempted:  # the verifier still holds its context: the same keep next time
-            r.synced[VERIFIER] = r.context_len
+            self.verifier.hold(r.request_id, r.context_len)
             self._preempt(r)
-            return
-        r.synced[VERIFIER] = r.context_len + len(res.tokens)
-        step = self.accounting.verified(r, choice, drafted, res.num_accepted, draft_s, verify_s,
-                                        predicted_s, batch_size)
+            return base
+        self.verifier.hold(r.request_id, r.context_len + len(res.tokens))
         if choice.drafter and not choice.branching and 0 < drafted < choice.k:
             choice = replace(choice, k=drafted)  # a chain that stopped early (stop_below)
         ranks = (outcome(tree, res.tokens, res.num_accepted)  # what its ranks say (greedy)
                  if tree is not None and r.sampling.greedy else None)
-        self.policy.observe(r.request_id, choice, res.num_accepted, draft_s, verify_s, ranks)
+        return replace(base, choice=choice, accepted=res.num_accepted, verified=True,
+                       ranks=ranks)
+
+    def _emit(self, r: RouterRequest, o: RequestOutcome, res: VerifyResult,
+              info: StepInfo) -> tuple[int, bool]:
+        """Count and stream a verified step's tokens: (tokens emitted, the request is done)."""
+        self.accounting.verified(r, o, info)
         start = len(r.generated)
-        chunk = self.stream.emit(r, res.tokens, step, res.logprobs)
+        chunk = self.stream.emit(r, res.tokens, info, res.logprobs)
+        n = len(r.generated) - start
         if not r.sampling.greedy:  # one per generated token, 0 where the verifier sent none
-            n = len(r.generated) - start
             r.token_probs.extend((res.token_probs[:n] + [0.0] * n)[:n])
-        self.accounting.streamed(r, len(r.generated) - start, chunk.finish)
-        if chunk.finish is not None:
-            self._finish(r)
-
-
-def _score_from(r: RouterRequest) -> int:
-    """First context position a drafter scores: the output, or the prompt before there is any
-    (how well a drafter predicts the prompt ranks the drafters' fit to the request)."""
-    return len(r.prompt) if r.generated else max(1, len(r.prompt) - PROMPT_SCORE_POSITIONS)
+        self.accounting.streamed(r, n, chunk.finish)
+        return n, chunk.finish is not None

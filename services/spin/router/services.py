@@ -39,7 +39,7 @@ class DraftTask:
 
     request_id: str
     keep: int
-    """Context tokens the drafter keeps of what it holds (``route``'s answer)."""
+    """Context tokens the drafter keeps of what it holds (``keep``'s answer)."""
     context_delta: list[int]
     """The context after ``keep``: what the drafter lacks."""
     k: int
@@ -93,7 +93,7 @@ class VerifyTask:
 
     request_id: str
     keep: int
-    """Context tokens the verifier keeps of what it holds (``route``'s answer)."""
+    """Context tokens the verifier keeps of what it holds (``keep``'s answer)."""
     context_delta: list[int]
     """The context after ``keep``: what the verifier lacks."""
     tree: TokenTree | None
@@ -141,34 +141,54 @@ class VerifyReply:
 
 # ---- what the scheduler calls -------------------------------------------------------------------
 class Service(Protocol):
-    """Either kind of service: one logical drafter or verifier over its replicas."""
+    """Either kind of service: one logical drafter or verifier over its replicas, and its record
+    of what it holds of each request (``pool.py``)."""
 
     @property
     def available(self) -> bool:
         """Some replica is up, or due for another try."""
         ...
 
-    def route(self, request_id: str, keep: int) -> int:
-        """Pin the request to a replica; the ``keep`` to send (0 on a replica new to it)."""
+    def keep(self, request_id: str) -> int:
+        """Pin the request to a replica; the context tokens to keep (0 on a replica new to it)."""
+        ...
+
+    def hold(self, request_id: str, tokens: int) -> None:
+        """After a call: the request's replica holds ``tokens`` context tokens."""
+        ...
+
+    def forget(self, request_id: str) -> None:
+        """The replica's state of the request is unknown: the whole context next time."""
+        ...
+
+    def release(self, request_ids: set[str] | list[str]) -> None:
+        """Done with the requests: freed with the next call (or ``flush``)."""
+        ...
+
+    @property
+    def pending_releases(self) -> bool:
+        ...
+
+    async def flush(self) -> None:
+        """Send the pending releases alone."""
         ...
 
 
 class Verifier(Service, Protocol):
-    async def verify(self, tasks: list[VerifyTask], release: set[str],
-                     timeout_s: float | None = None) -> VerifyReply:
-        """Verify the tasks and free the ``release``d requests; ServiceDown when it cannot."""
+    async def verify(self, tasks: list[VerifyTask], timeout_s: float | None = None
+                     ) -> VerifyReply:
+        """Verify the tasks (pending releases ride along); ServiceDown when it cannot."""
         ...
 
 
 class Drafter(Service, Protocol):
-    async def draft(self, tasks: list[DraftTask], release: set[str],
-                    timeout_s: float | None = None) -> DraftReply:
-        """Draft the tasks and free the ``release``d requests; ServiceDown when it cannot."""
+    async def draft(self, tasks: list[DraftTask], timeout_s: float | None = None) -> DraftReply:
+        """Draft the tasks (pending releases ride along); ServiceDown when it cannot."""
         ...
 
 
-class VerifierClient:
-    """The verifier's replicas (``ReplicaPool``) behind ``Verifier``."""
+class _PoolFacade:
+    """What both facades forward to their ``ReplicaPool``."""
 
     def __init__(self, pool: ReplicaPool) -> None:
         self.pool = pool
@@ -177,13 +197,32 @@ class VerifierClient:
     def available(self) -> bool:
         return self.pool.available
 
-    def route(self, request_id: str, keep: int) -> int:
-        return self.pool.route(request_id, keep)
+    def keep(self, request_id: str) -> int:
+        return self.pool.keep(request_id)
 
-    async def verify(self, tasks: list[VerifyTask], release: set[str],
-                     timeout_s: float | None = None) -> VerifyReply:
-        batch = verifier_pb2.VerifyRequest(tasks=[_verify_task(t) for t in tasks],
-                                           release=sorted(release))
+    def hold(self, request_id: str, tokens: int) -> None:
+        self.pool.hold(request_id, tokens)
+
+    def forget(self, request_id: str) -> None:
+        self.pool.forget(request_id)
+
+    def release(self, request_ids: set[str] | list[str]) -> None:
+        self.pool.release(request_ids)
+
+    @property
+    def pending_releases(self) -> bool:
+        return self.pool.pending_releases
+
+    async def flush(self) -> None:
+        await self.pool.flush()
+
+
+class VerifierClient(_PoolFacade):
+    """The verifier's replicas (``ReplicaPool``) behind ``Verifier``."""
+
+    async def verify(self, tasks: list[VerifyTask], timeout_s: float | None = None
+                     ) -> VerifyReply:
+        batch = verifier_pb2.VerifyRequest(tasks=[_verify_task(t) for t in tasks])
         resp = await self.pool.call(batch, timeout_s)
         return VerifyReply([VerifyResult(r.request_id, list(r.tokens), r.num_accepted, r.resync,
                                          r.preempted, logprobs_from_proto(r.logprobs) if r.logprobs
@@ -192,23 +231,11 @@ class VerifierClient:
                            resp.verify_seconds, resp.free_blocks, resp.num_blocks)
 
 
-class DrafterClient:
+class DrafterClient(_PoolFacade):
     """One drafter's replicas (``ReplicaPool``) behind ``Drafter``."""
 
-    def __init__(self, pool: ReplicaPool) -> None:
-        self.pool = pool
-
-    @property
-    def available(self) -> bool:
-        return self.pool.available
-
-    def route(self, request_id: str, keep: int) -> int:
-        return self.pool.route(request_id, keep)
-
-    async def draft(self, tasks: list[DraftTask], release: set[str],
-                    timeout_s: float | None = None) -> DraftReply:
-        batch = drafter_pb2.SpeculateRequest(tasks=[_draft_task(t) for t in tasks],
-                                             release=sorted(release))
+    async def draft(self, tasks: list[DraftTask], timeout_s: float | None = None) -> DraftReply:
+        batch = drafter_pb2.SpeculateRequest(tasks=[_draft_task(t) for t in tasks])
         resp = await self.pool.call(batch, timeout_s)
         return DraftReply([self._result(r) for r in resp.results], resp.draft_seconds)
 

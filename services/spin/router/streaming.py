@@ -92,7 +92,7 @@ class Streamer:
         self._text: dict[str, TextStream] = {}
 
     def open(self, r: RouterRequest) -> None:
-        self._text[r.request_id] = TextStream(self.decode, r.stop)
+        self._text[r.request_id] = TextStream(self.decode, r.params.stop)
 
     def close(self, r: RouterRequest) -> None:
         self._text.pop(r.request_id, None)
@@ -108,10 +108,10 @@ class Streamer:
         finish: FinishReason | None = None
         for tok in tokens:
             r.generated.append(tok)
-            if len(r.generated) >= r.max_tokens:
+            if len(r.generated) >= r.params.max_tokens:
                 finish = "length"
                 break
-            if tok == self.eos_id and not r.ignore_eos:
+            if tok == self.eos_id and not r.params.ignore_eos:
                 finish = "stop"
                 break
         text, hit = self._text[r.request_id].push(r.generated, final=finish is not None)
@@ -128,8 +128,9 @@ class Streamer:
 
 
 def _speculation(r: RouterRequest) -> SpeculationStats:
+    t = r.tally
     return SpeculationStats(
-        r.steps, r.steps_off, r.draft_tokens, r.accepted_tokens,
-        len(r.generated) / r.steps if r.steps else 0.0,
-        tuple(DrafterUsage(name, t.steps, t.draft_tokens, t.accepted_tokens)
-              for name, t in sorted(r.tallies.items())))
+        t.steps, t.steps_off, t.draft_tokens, t.accepted_tokens,
+        len(r.generated) / t.steps if t.steps else 0.0,
+        tuple(DrafterUsage(name, d.steps, d.draft_tokens, d.accepted_tokens)
+              for name, d in sorted(t.drafters.items())))

@@ -1,0 +1,34 @@
+"""What the scheduler reports to a policy, built by hand: one ``StepOutcome`` per call.
+
+The policy tests speak of one request's step, one drafter's score or one step's times; each
+helper wraps it in the step record the router hands ``Policy.observe`` (``policy/outcome.py``).
+"""
+
+from __future__ import annotations
+
+from spin.policy.base import Policy, StepChoice, StepPrediction
+from spin.policy.outcome import RequestOutcome, Score, StepOutcome, TreeOutcome
+
+
+def observe(policy: Policy, request_id: str, choice: StepChoice, accepted: int,
+            draft_s: float, verify_s: float, ranks: TreeOutcome | None = None) -> None:
+    """One verified step of one request: ``accepted`` of its draft, what it waited for each."""
+    drafted = choice.k if choice.drafter else 0
+    r = RequestOutcome(request_id, True, choice, drafted, accepted, accepted + 1, True, ranks)
+    policy.observe(StepOutcome((r,), None, draft_s, verify_s, draft_s + verify_s))
+
+
+def observe_score(policy: Policy, request_id: str, drafter: str, matches: int, positions: int,
+                  accepted: float | None = None) -> None:
+    """``drafter`` scored the request (no step of it verified)."""
+    r = RequestOutcome(request_id, True, StepChoice(None),
+                       scores=(Score(drafter, matches, positions, accepted),))
+    policy.observe(StepOutcome((r,)))
+
+
+def observe_step(policy: Policy, prediction: StepPrediction, draft_s: dict[str, float],
+                 verify_s: float) -> None:
+    """A step the policy predicted took ``draft_s`` per drafter call and ``verify_s`` for the
+    rest (no request verified in it)."""
+    policy.observe(StepOutcome((), prediction, max(draft_s.values(), default=0.0), verify_s,
+                               max(draft_s.values(), default=0.0) + verify_s, draft_s))

@@ -10,8 +10,8 @@ import pytest
 from spin.bench.selector_sim import (SimArm, class_population, mixture_population,
                                     three_class_workload)
 from spin.policy.base import PROMPT_LOOKUP
-from spin.policy.selector import (ALGORITHMS, DraftSelector, PopulationArm, SelectorConfig,
-                                  population_from_stats)
+from spin.policy.population import PopulationArm, population_from_stats
+from spin.policy.selector import ALGORITHMS, DraftSelector, SelectorConfig
 from spin.stats.store import DrafterStats
 
 WORKLOAD = three_class_workload()

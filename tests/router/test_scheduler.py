@@ -22,7 +22,7 @@ from spin.router.admission import KVBudget
 from spin.router.config import SchedulerConfig
 from spin.policy.outcome import StepOutcome
 from spin.router.pool import Kind, ReplicaPool
-from spin.router.proposers import PromptLookup, Proposer, Proposers
+from spin.router.proposers import PromptLookup, Proposals, Proposer, Proposers
 from spin.router.requests import RequestParams, RouterRequest
 from spin.router.scheduler import Scheduler
 from spin.router.services import (DraftTask, DrafterClients, ServiceDown, VerifierClient,
@@ -698,4 +698,66 @@ def test_a_failing_step_ends_its_requests_with_internal() -> None:
         sched.stop()
         await loop
         assert error == RequestError("internal", "router step failed: policy bug")
+    asyncio.run(go())
+
+
+class Oracle(Proposer):
+    """A drafter kind the scheduler has never heard of: it knows the toy target's rule."""
+
+    name = "oracle"
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    async def propose(self, group, timeout_s: float) -> Proposals:
+        out = Proposals(seconds=0.0)
+        for r, c in group:
+            out.trees[r.request_id] = TokenTree.chain(expected((r.context[-1],), c.k))
+        return out
+
+    async def score(self, group, timeout_s: float) -> Proposals:
+        return Proposals()
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
+
+
+def test_a_new_proposer_kind_drafts_without_a_change_to_the_scheduler() -> None:
+    """A proposer is a class and a registry entry (``Proposers``): the scheduler drafts with it,
+    verifies, releases it, and the policy hears of it in the step's one outcome."""
+    async def go() -> None:
+        oracle, policy = Oracle(), Recording("oracle", 4)
+        sched = scheduler(policy, {}, local=(oracle,))
+        assert list(sched.proposers) == ["oracle"]
+        r = request("r", max_tokens=20)
+        sched.submit(r)
+        n = await steps(sched)
+        got = events(r)
+        assert tokens(got) == expected(r.prompt, 20)
+        assert [c.step.accepted_tokens for c in got] == [4, 4, 4, 4]
+        assert n == 4 and len(policy.outcomes) == n  # one report per step, nothing else
+        assert oracle.released == ["r"] and r.tally.drafters["oracle"].accepted_tokens == 16
+    asyncio.run(go())
+
+
+def test_each_step_reaches_the_policy_as_one_outcome_of_the_whole_micro_batch() -> None:
+    async def go() -> None:
+        prediction = StepPrediction(0.02, {"fake": 0.005}, 0.015)
+        policy = Recording("fake", 3, predict=prediction)
+        sched = scheduler(policy, {"fake": FakeDrafter(2)})
+        reqs = [request(f"r{i}", (i, i + 1, i + 2), max_tokens=9) for i in range(3)]
+        for r in reqs:
+            sched.submit(r)
+        await sched.step(list(sched.running))
+        (step,) = policy.outcomes
+        assert [o.request_id for o in step.requests] == ["r0", "r1", "r2"]
+        assert all(o.verified and (o.drafted, o.accepted, o.emitted) == (3, 2, 3)
+                   for o in step.requests)
+        assert step.prediction == prediction and step.draft_s == {"fake": 0.002}
+        assert step.verify_s == 0.001 and step.step_s >= step.draft_wait_s + step.verify_wait_s
+        assert step.drafters_called == {"fake": True}
     asyncio.run(go())

@@ -20,9 +20,8 @@ from spin.stats import (
     find_redis_server,
     free_port,
     open_stats_store,
-    population_entry,
-    population_name,
 )
+from spin.policy.population import population_entry, population_name
 
 Step = tuple[str, int, int, float, float]
 

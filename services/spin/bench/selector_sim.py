@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..policy.base import PROMPT_LOOKUP
-from ..policy.selector import ALGORITHMS, Algorithm, DraftSelector, PopulationArm, SelectorConfig
+from ..policy.population import PopulationArm
+from ..policy.selector import ALGORITHMS, Algorithm, DraftSelector, SelectorConfig
 
 SIM_K = 4
 """Draft tokens per simulated step."""

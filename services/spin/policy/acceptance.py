@@ -10,7 +10,7 @@ E[F] = 1 − a^k, ratio a). We keep exponentially discounted S and F (the newest
 population rate of the drafter. (SmartSpec's own EMA of accepted/drafted underestimates a because
 of the truncation; EMA-ing accepted/(accepted + 1) is biased too, e.g. 0.31 for a = 0.5.)
 
-The population rates are per ``stats.store.population_name``: a drafter's greedy and sampled
+The population rates are per ``population.population_name``: a drafter's greedy and sampled
 steps accept differently, so a request opened with ``begin(request_id, greedy)`` is seeded from
 its own decoding's rate (the other's stands in for a drafter without one); one never opened counts
 as greedy.
@@ -22,18 +22,9 @@ own output, counts each position as one accepted or rejected draft token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ..stats.store import population_entry
-
-if TYPE_CHECKING:
-    from .goodput import ControllerConfig
-
-
-def _controller_config() -> ControllerConfig:
-    from .goodput import ControllerConfig  # the controller's module imports this one
-
-    return ControllerConfig()
+from .learned_config import ControllerConfig
+from .population import population_entry
 
 
 @dataclass
@@ -50,7 +41,7 @@ class _Acc:
 class AcceptanceTracker:
     """Per (request, drafter) acceptance rate: discounted truncated-geometric MLE (module doc)."""
 
-    cfg: ControllerConfig = field(default_factory=_controller_config)
+    cfg: ControllerConfig = field(default_factory=ControllerConfig)
     """Uses ``ema``, ``prior_acceptance``, ``prior_trials`` and ``min_observations``."""
     population: dict[str, float] = field(default_factory=dict)
     """Population acceptance per entry (``population_name``): the seed of new requests."""

@@ -9,66 +9,16 @@ that is not available is never made: the router would have nothing to run it on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..timing.cost_model import CostModel
+from .choice import StepChoice, StepPlan, StepPrediction
+from .outcome import StepOutcome
 
-if TYPE_CHECKING:  # an annotation only: outcome.py builds on this module's types
-    from .outcome import StepOutcome
-
-
-@dataclass(frozen=True)
-class StepChoice:
-    """What one request does in one step."""
-
-    drafter: str | None
-    """Drafter name; None = no speculation this step (k = 0)."""
-    k: int = 0
-    """Speculation length (tree depth)."""
-    branching: tuple[int, ...] = ()
-    """Tree shape: children per node per level; () = a chain."""
-    score: tuple[str, ...] = ()
-    """Drafters (model drafters and prompt lookup) that should also score the request's own
-    output this step: how well each predicts it, answered in the step's ``outcome.StepOutcome``. A
-    model drafter keeps the prefill for later drafts."""
-    stop_below: float = 0.0
-    """A model drafter's chain stops early once its probability (the product of its tokens'
-    draft probabilities) falls below this, so ``k`` is at most the chain's length; 0 = always
-    ``k``. ``Policy.observe`` gets the length drafted."""
-
-
-@dataclass(frozen=True)
-class StepPrediction:
-    """The cost model's account of one chosen step (``StepPlan.prediction``)."""
-
-    step_s: float
-    """Predicted step seconds: drafting + verification + ``scoring_s`` (drafting and the rest
-    overlap when pipelined)."""
-    draft_s: dict[str, float]
-    """Predicted seconds of each drafter's call (drafters with a drafting request only)."""
-    verify_s: float
-    """Predicted seconds of the verification call."""
-    scoring_work: tuple[int, int] = (0, 0)
-    """(calls, tokens fed) of the model drafters' scoring calls this step, which run during the
-    verification: work the cost model does not count (prompt lookup scores in the router,
-    before it)."""
-    scoring_s: float = 0.0
-    """Predicted seconds those calls add to the verification (in ``step_s``, not ``verify_s``)."""
-
-
-class StepPlan(list):
-    """A policy's answer for one step: one ``StepChoice`` per request, in order (it is that
-    list), and the cost model's account of the step it chose."""
-
-    def __init__(self, choices: Iterable[StepChoice] = (),
-                 prediction: StepPrediction | None = None) -> None:
-        super().__init__(choices)
-        self.prediction = prediction
-        """None without a cost model, or when the policy chose no request's k (every request in
-        mode off, or naming its drafter and k)."""
+__all__ = ["PROMPT_LOOKUP", "FixedPolicy", "Policy", "RequestView", "StepChoice", "StepPlan",
+           "StepPrediction"]
 
 
 @dataclass(frozen=True)

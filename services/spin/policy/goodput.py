@@ -48,13 +48,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from ..timing.cost_model import CostModel
 from .acceptance import AcceptanceTracker
+from .learned_config import ControllerConfig
 
 DEFAULT_TABLE: dict[int, int] = {1: 4, 4: 3, 16: 2, 32: 1, 64: 0}
 """Batch size → k when there is no cost model (nearest batch size at or below)."""
@@ -73,51 +72,6 @@ def _expected_tokens_v(a: np.ndarray, k: np.ndarray) -> np.ndarray:
     one = a >= 1.0
     safe = np.where(one, 0.0, a)
     return np.where(one, k + 1.0, (1.0 - safe ** (k + 1)) / (1.0 - safe))
-
-
-@dataclass
-class ControllerConfig:
-    """Settings of the speculation-length controller and its acceptance tracker."""
-
-    k_max: int = 16
-    """Largest speculation length chosen. Prompt lookup's drafts cost almost nothing, and in the
-    repeating spans where it matches they are accepted whole: ``spin bench ab --a '{}' --b
-    '{"controller": {"k_max": 16}}' --rounds 5`` measured B / A = 0.959 against 8 (12 against 8:
-    0.992, 16 against 12: 0.984, 24 against 16: 1.008, 6 against 8: 1.068). A model drafter's
-    chain rarely gets that long: it stops early (``LearnedPolicyConfig.stop_below``)."""
-    margin: float = 0.10
-    """Speculate only when the predicted goodput beats k = 0 for all by this fraction."""
-    ema: float = 0.3
-    """Weight of the newest step in the per-request acceptance moving average (0 < ema ≤ 1)."""
-    prior_acceptance: float = 0.5
-    """Acceptance used for a drafter with no population estimate."""
-    min_observations: int = 0
-    """Steps a (request, drafter) must have been observed before its own estimate is used; until
-    then the population (or prior) acceptance is."""
-    prior_trials: float = 2.0
-    """Weight of the population seed, in pseudo draft tokens (trials) at the population rate."""
-    pipelined: bool = False
-    """Step time = max(draft, verify) (SPIN's pipeline) instead of draft + verify."""
-    objective: Literal["throughput", "fair"] = "fair"
-    """What a step's k maximise: "throughput", the batch's expected tokens per second (SmartSpec's
-    goodput); "fair", B times the geometric mean of each request's expected tokens per second
-    (proportional fairness), which counts every request's slowdown from a longer step, so a
-    request that gains little is not slowed for the others' speculation. The same for one
-    request alone."""
-    calibration: float = 0.1
-    """Online calibration of the cost model in serving: after each step, each part's per-call
-    constant moves this fraction of its error (measured - predicted), so round trips and service
-    overheads that a profile of bare forwards misses are learned within tens of steps; 0 = off."""
-
-    def __post_init__(self) -> None:
-        if self.k_max < 0 or not 0.0 < self.ema <= 1.0 or self.margin < 0:
-            raise ValueError(f"invalid controller config {self}")
-        if not 0.0 <= self.prior_acceptance <= 1.0 or self.prior_trials <= 0:
-            raise ValueError(f"invalid controller config {self}")
-        if not 0.0 <= self.calibration <= 1.0:
-            raise ValueError(f"calibration must be in [0, 1], got {self.calibration}")
-        if self.objective not in ("throughput", "fair"):
-            raise ValueError(f"objective must be 'throughput' or 'fair', got {self.objective!r}")
 
 
 def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.ndarray | float:

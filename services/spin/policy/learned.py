@@ -83,7 +83,8 @@ from .prompt_fit import PromptFit
 from .request_state import RequestState
 from .scoring_cost import ScoringCost
 from .scoring_rounds import ScoringRounds
-from .selector import DraftSelector, population_from_stats
+from .population import population_from_stats
+from .selector import DraftSelector
 from .outcome import RequestOutcome, Score, StepOutcome
 from .tree_choice import RunnerUps, choose_shapes, tree_candidates
 from .tree_shape import Shape, nodes

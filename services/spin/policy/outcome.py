@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..engine.tree import TokenTree
-from .base import StepChoice, StepPrediction
+from .choice import StepChoice, StepPrediction
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ or correction token), seconds = draft + verify seconds of the step + ``switch_co
 Warm start: ``set_population`` gives every drafter a prior mean reward from the population
 statistics (Redis, all requests and router replicas) worth at most ``prior_strength`` observations,
 so a new request starts from the population and learns its own difficulty in a few steps. Greedy
-and sampling requests have separate population entries (``stats.store.population_name``): a
+and sampling requests have separate population entries (``population.population_name``): a
 request opened with ``begin(request_id, greedy)`` starts from its own decoding's entry (the other's
 stands in for a drafter that has none yet); one never opened counts as greedy. Rewards
 are normalised by the best prior mean (by the request's first reward when there is no population),
@@ -39,13 +39,10 @@ import math
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from ..stats.store import SAMPLED_SUFFIX, population_entry
 from .base import PROMPT_LOOKUP
-
-if TYPE_CHECKING:
-    from spin.stats.store import DrafterStats
+from .population import SAMPLED_SUFFIX, PopulationArm, population_entry
 
 Algorithm = Literal["thompson", "ucb", "greedy"]
 ALGORITHMS: tuple[Algorithm, ...] = ("thompson", "ucb", "greedy")
@@ -84,35 +81,6 @@ class SelectorConfig:
     With no population data at all, every drafter is untried and tried once before any repeat."""
     optimistic_weight: float = 1.0
     """Pseudo-count of that optimistic prior."""
-
-
-@dataclass(frozen=True)
-class PopulationArm:
-    """What the population knows about one drafter."""
-
-    mean_reward: float
-    """Mean goodput of a step (tokens per second)."""
-    observations: int
-    """Steps behind that mean (0 = no data: the drafter gets the optimistic prior)."""
-
-
-def population_from_stats(stats: dict[str, DrafterStats],
-                          step_s_hint: float | None = None) -> dict[str, PopulationArm]:
-    """Population priors from acceptance statistics.
-
-    mean_reward = (drafts + accepted_tokens) / (draft_seconds + verify_seconds): tokens emitted per
-    second over all steps (each step emits its accepted tokens plus one). When a drafter has steps
-    but no recorded time, ``step_s_hint`` (seconds per step) stands in for it; without a hint such a
-    drafter is left out (and gets the optimistic prior). observations = drafts.
-    """
-    out: dict[str, PopulationArm] = {}
-    for name, s in stats.items():
-        seconds = s.draft_seconds + s.verify_seconds
-        if seconds <= 0.0 and step_s_hint is not None and step_s_hint > 0.0:
-            seconds = s.drafts * step_s_hint
-        if s.drafts > 0 and seconds > 0.0:
-            out[name] = PopulationArm((s.drafts + s.accepted_tokens) / seconds, s.drafts)
-    return out
 
 
 @dataclass

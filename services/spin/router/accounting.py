@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ..obs import metrics
 from ..policy.outcome import RequestOutcome, StepOutcome
-from ..stats.store import StatsStore, population_name
+from ..policy.population import population_name
+from ..stats.store import StatsStore
 from .requests import DrafterTally, RouterRequest
 
 

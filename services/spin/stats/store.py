@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -26,31 +25,6 @@ RESERVED_DRAFTER_NAMES = frozenset({"drafters"})
 _INT_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
 _FLOAT_FIELDS = ("draft_seconds", "verify_seconds")
 _ACCEPTED_POS, _DRAFTED_POS = "accepted_pos:", "drafted_pos:"
-SAMPLED_SUFFIX = "@sampled"
-"""Suffix of the entry that counts a drafter's steps for sampling requests (``population_name``)."""
-
-
-def population_name(drafter: str, greedy: bool) -> str:
-    """The population entry that counts ``drafter``'s steps: its own name for greedy requests,
-    ``{drafter}@sampled`` for sampling ones. A drafter accepts differently under the two: a greedy
-    draft is accepted when it equals the target's argmax, a sampled one with probability
-    min(1, p/q). On code prompts draft-code accepts 2.58 tokens of a greedy 4-token draft
-    (``models/demo/README.md``), about 0.83 per token, against about 0.58 per token of sampled
-    output (temperature 0.8, top-p 0.95). One entry for both would give each the other's rate."""
-    return drafter if greedy else drafter + SAMPLED_SUFFIX
-
-
-_T = TypeVar("_T")
-
-
-def population_entry(entries: Mapping[str, _T], drafter: str, greedy: bool) -> _T | None:
-    """``drafter``'s value in ``entries`` (keyed by ``population_name``) for requests of that
-    decoding: its own decoding's, else the other's (a drafter without statistics of its own
-    decoding yet), else None."""
-    own = entries.get(population_name(drafter, greedy))
-    return own if own is not None else entries.get(population_name(drafter, not greedy))
-
-
 @dataclass
 class DrafterStats:
     """Acceptance statistics of one drafter (positions are 1-based draft positions)."""
@@ -257,14 +231,3 @@ class MemoryStatsStore(_TallyingStore):
     def close(self) -> None:
         """Nothing to release."""
 
-
-def open_stats_store(url: str | None, **kwargs: object) -> StatsStore:
-    """A ``RedisStatsStore`` on ``url``, or a ``MemoryStatsStore`` when ``url`` is None/empty.
-
-    ``kwargs`` go to ``RedisStatsStore`` (key_prefix, flush_interval_s, on_error, on_flush, ...).
-    """
-    if url:
-        from .redis_store import RedisStatsStore
-
-        return RedisStatsStore(url, **kwargs)  # type: ignore[arg-type]
-    return MemoryStatsStore()

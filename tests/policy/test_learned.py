@@ -453,7 +453,7 @@ def test_a_request_has_state_from_first_sight_to_its_release() -> None:
     policy = LearnedPolicy(cost=_cost())
     observe_score(policy, "early", "draft-code", 3, 4)  # a report before its first step
     policy.choose([_view("a"), _view("b", "off")], DRAFTERS)
-    assert policy.active_requests() == 3
+    assert len(policy._requests) == 3 and len(policy.selector._requests) == 2  # early: no step
     for rid in ("a", "b", "early", "never-seen"):
         policy.release(rid)
-    assert policy.active_requests() == 0
+    assert len(policy._requests) == len(policy.selector._requests) == 0

@@ -62,11 +62,11 @@ def test_release_frees_state() -> None:
     for rid in ("a", "b"):
         for _ in range(5):
             _step(sel, rid, arms, rng)
-    assert sel.active_requests() == 2
+    assert len(sel._requests) == 2
     sel.release("a")
     sel.release("a")  # idempotent
     sel.release("never-seen")
-    assert sel.active_requests() == 1 and sel.snapshot("a") == {}
+    assert len(sel._requests) == 1 and sel.snapshot("a") == {}
     assert sum(n for _, n in sel.snapshot("b").values()) == 5
     sel.choose("a", DRAFTERS)  # a reused id starts from the population again
     assert all(n == 0 for _, n in sel.snapshot("a").values())

@@ -7,17 +7,15 @@ Per step, for the running batch:
    maximise the batch's predicted goodput under the fitted cost model, and k = 0 for all unless
    speculation wins by the margin (SmartSpec's 10%), so speculation never makes a step worse by the
    model's account;
-3. after verification (one ``outcome.StepOutcome`` per step, ``observe``), the step's goodput (tokens over the step's draft + verify wall time, round
-   trips included, plus the switching cost when the drafter changed) rewards the bandit, and the
-   accepted count updates the request's acceptance estimate.
+3. after verification (one ``outcome.StepOutcome`` per step, ``observe``), the step's goodput
+   (tokens over the step's draft + verify wall time, round trips included, plus the switching
+   cost when the drafter changed) rewards the bandit, and the accepted count updates the
+   request's acceptance estimate.
 
-A step in which the bandit's drafter did not speculate (the controller chose k = 0 for it, or
-prompt lookup found no match) still rewards that drafter, with the one token such a step yields,
-so the bandit moves on instead of keeping a drafter that never drafts; and in that step the
-request first tries its next-best drafter (by posterior mean) through the controller once more.
-Prompt lookup is no candidate in a step in which it would find no match (the router looks first,
-``RequestView.lookup_match``), so its value is what it earns when it matches, and such a step
-drafts with the request's model drafter instead of yielding one token.
+A step in which the bandit's drafter did not speculate (k = 0) still rewards it with the one
+token such a step yields, so the bandit moves on from a drafter that never drafts; such a request
+first tries its next-best drafter through the controller once more. Prompt lookup is no candidate
+in a step in which it would find no match (``RequestView.lookup_match``).
 
 **Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
 the prompt instead: it prefills it (a prefill it reuses later) and counts the prompt tokens equal
@@ -31,34 +29,16 @@ fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is
 prefill.
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
-scores them the same way (prompt lookup in the router). With greedy decoding a draft token is
-accepted exactly when it equals the target's token, so agreement on the target's own output *is*
-the drafter's acceptance rate on this request. With sampling it is not: a sampled draft token x
-is accepted with probability min(1, p(x)/q(x)), on average sum_x min(p, q) per position, and the
-demo drafters' greedy agreement with sampled output (temperature 0.8, top-p 0.95) is about half
-of that (0.25 against 0.44 for draft-code, 0.29 against 0.60 for draft-general, on 12 tuning
-prompts). So for a sampling request the router sends the target's probability p(x) of each
-output token (the verifier's), the drafter adds up min(1, q(x)/p(x)) over the scored tokens, an
-unbiased estimate of that sum since x was drawn from p, and that counts as the accepted tokens
-instead (``outcome.Score.accepted``). Each scored position counts as one accepted or
-rejected draft token in the request's acceptance estimate for the drafter, and the drafter's
-bandit prior (own steps kept) becomes the goodput the cost model predicts at the best k for that
-rate. Without the prompt fit every drafter scores, so a request learns which drafter fits it from
-one round of prefills instead of one slow exploratory step per drafter. After that round prompt
-lookup, which costs nothing but a scan in the router, rescores every step's new tokens while a
-model drafts (``lookup_rescore``): the small target models this project trains, like larger ones
-on code and structured text, fall into repeating spans, where prompt lookup drafts k tokens for
-free and all are accepted. Each round weighs ``1 - controller.ema`` of the next, so its estimate
-follows the recent output. Who scores when: ``scoring_rounds.py``.
+scores them; each scored position counts as one accepted or rejected draft token in the request's
+acceptance estimate, and the drafter's bandit prior becomes the goodput the cost model predicts
+at the best k for that rate (who scores when, and why sampling requests count an acceptance
+estimate instead of agreement: ``scoring_rounds.py``).
 
-**Calibration.** The cost model is fitted on bare forwards (``spin profile``); in serving a step
-also pays round trips and the services' and the router's own work. After each step the router
-reports each drafter call's seconds and the rest of the step (``StepOutcome.rest_s``), and the
-controller moves each part's per-call constant a tenth of its error, so predicted step times (and
-the k chosen from them) follow the deployment. Scoring calls run during the verification (the
-router sends them after drafting), so a step that scored calibrates its drafters but not its
-verification: it fits what the scoring calls add to the step instead (``scoring_cost.py``), which
-the prediction of a step that scores includes.
+**Calibration.** The cost model is fitted on bare forwards; in serving a step also pays round
+trips and the services' and the router's own work, so after each step each part's per-call
+constant moves ``calibration`` of its error (``SpecLengthController.calibrate``). A step whose
+scoring calls ran beside the verification calibrates its drafters, and fits what those calls add
+to a step instead of the verification (``scoring_cost.py``).
 
 **Early-stopping chains.** A model drafter's chain stops once its probability falls below
 ``stop_below``, so k is the longest chain the step may draft (``chain_length.py``).
@@ -146,10 +126,6 @@ class LearnedPolicy:
 
     def close(self) -> None:
         self._stop.set()
-
-    def active_requests(self) -> int:
-        """Requests the policy keeps state for (from first sight to ``release``)."""
-        return len(self._requests)
 
     def _state(self, request_id: str) -> RequestState:
         """The request's state, created at first sight."""

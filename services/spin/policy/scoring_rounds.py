@@ -8,7 +8,26 @@ it) and the step's ``outcome.StepOutcome`` reports how many it got right. The ro
 - **output rounds**, once the request has generated ``score_after`` tokens and then every
   ``score_every``, at most ``score_rounds``: each of its candidates scores its output;
 - **lookup rescoring**, after the first output round (``lookup_rescore``): prompt lookup, free in
-  the router, scores every step's new tokens while another drafter drafts;
+  the router, scores every step's new tokens while another drafter drafts.
+
+What a score means. With greedy decoding a draft token is accepted exactly when it equals the
+target's token, so agreement on the target's own output *is* the drafter's acceptance rate on this
+request. With sampling it is not: a sampled draft token x is accepted with probability min(1,
+p(x)/q(x)), on average sum_x min(p, q) per position, and the demo drafters' greedy agreement with
+sampled output (temperature 0.8, top-p 0.95) is about half of that (0.25 against 0.44 for draft-
+code, 0.29 against 0.60 for draft-general, on 12 tuning prompts). So for a sampling request the
+router sends the target's probability p(x) of each output token (the verifier's), the drafter adds
+up min(1, q(x)/p(x)) over the scored tokens, an unbiased estimate of that sum since x was drawn from
+p, and that counts as the accepted tokens instead (``outcome.Score.accepted``). Each scored position
+counts as one accepted or rejected draft token in the request's acceptance estimate for the drafter,
+and the drafter's bandit prior (own steps kept) becomes the goodput the cost model predicts at the
+best k for that rate. Without the prompt fit every drafter scores, so a request learns which drafter
+fits it from one round of prefills instead of one slow exploratory step per drafter. After that
+round prompt lookup, which costs nothing but a scan in the router, rescores every step's new tokens
+while a model drafts (``lookup_rescore``): the small target models this project trains, like larger
+ones on code and structured text, fall into repeating spans, where prompt lookup drafts k tokens for
+free and all are accepted. Each round weighs ``1 - controller.ema`` of the next, so its estimate
+follows the recent output.
 
 Model drafters' scoring calls run beside the verification; ``work`` counts them and the tokens
 they feed for the step's prediction (``scoring_cost.py``).

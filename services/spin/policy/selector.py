@@ -264,11 +264,6 @@ class DraftSelector:
             scale = req.scale or 1.0
             return {name: (a.mean * scale, a.n) for name, a in sorted(req.arms.items())}
 
-    def active_requests(self) -> int:
-        """Requests with state here."""
-        with self._lock:
-            return len(self._requests)
-
     def _request(self, request_id: str) -> _Request:
         return self._requests.get(request_id) or self._requests.setdefault(
             request_id, _Request(scale=self._scale[True]))

@@ -19,7 +19,8 @@ and the expected accepted tokens of a shape are, from the leaves up,
 
 (every child at one depth has the same sub-shape). A chain is b = 1 everywhere: E = the familiar
 alpha (1 - alpha^k) / (1 - alpha). Trees pay in tokens verified (``nodes + 1`` rows instead of
-``k + 1``) and drafted (a tree re-feeds its nodes at each level): ``nodes`` and ``fed`` (``engine/tree.py``).
+``k + 1``) and drafted (a tree re-feeds its nodes at each level): ``nodes`` and ``fed``
+(``engine/tree.py``).
 """
 
 from __future__ import annotations

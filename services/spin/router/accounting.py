@@ -120,7 +120,7 @@ class Accounting:
             metrics.TPOT.observe((now - t.first_token_at) / (len(r.generated) - 1))
         metrics.REQUEST_SUCCESS.labels(finish).inc()
 
-    # ---- one batch step ---------------------------------------------------------------------------
+    # ---- one batch step -------------------------------------------------------------------------
     def step(self, step: StepOutcome) -> None:
         """A micro-batch step's times (what is left of the step past the drafters' and the
         verifier's own seconds is round trips and the router's own work), the drafters that

@@ -203,7 +203,8 @@ class Scheduler:
                 scores[rid].append(sc)
         called = {n: not p.failed for calls in (drafts, scored) for n, p in calls.items()
                   if p.remote}
-        step = StepOutcome((), plan.prediction if reply is not None else None, t1 - t0, t2 - t1, 0.0,
+        prediction = plan.prediction if reply is not None else None  # nothing to calibrate on
+        step = StepOutcome((), prediction, t1 - t0, t2 - t1, 0.0,
                            {n: p.seconds for n, p in drafts.items()},
                            reply.verify_seconds if reply is not None else 0.0, called)
         self._apply(reqs, plan, reply, trees, scores, step, t0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spin.serve import Child
+from spin.supervisor import Child
 from spin.supervisor import RestartPolicy, Supervisor, die_with_parent
 
 SERVICE = """

@@ -26,13 +26,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from .engine.memory import ModelShape, format_size, kv_budget, parse_size, resolve_dtype
 from .engine.model_runner import SUPPORTED, RunnerConfig
+from .engine.quant import resolve as resolve_quantization
+from .serve import VERIFIER_GPU_SHARE, ServeConfig, drafter_quantization, models, service_runner
 
 HOST_OVERHEAD = {"cpu": 512 << 20, "cuda": 2 << 30}
 """Host memory of a service process besides its model (bytes): Python, torch, gRPC, and on CUDA
@@ -140,8 +142,8 @@ def plan_model(service: str, model: str, runner: RunnerConfig, gpu_memory: int |
                              f"{SUPPORTED})")
         dtype = resolve_dtype(runner.dtype, device, getattr(cfg, "dtype", None))
         p.dtype = str(dtype).removeprefix("torch.")
-        if runner.quantize == "int8" and (device.type != "cpu" or dtype != torch.float32):
-            raise ValueError("int8 weights need device='cpu' and dtype=float32")
+        if runner.quantize == "int8":
+            resolve_quantization("int8", device, dtype)  # the runner's rule: ValueError
         shape = ModelShape.of(cfg)
         p.weight_bytes = parameter_count(cfg) * torch.empty((), dtype=dtype).element_size()
         p.kv_bytes_per_token = shape.kv_bytes_per_token(dtype)
@@ -184,17 +186,14 @@ def plan_deployment(target: str, drafter_models: dict[str, str], runner: RunnerC
                     drafter_quantize: str = "none") -> list[ServicePlan]:
     """The verifier and every drafter on one machine (one GPU on CUDA), with the model flags
     ``spin serve`` passes them (``serve.service_runner``): shares of ``--gpu-memory-utilization``."""
-    from .serve import VERIFIER_GPU_SHARE
-
     shares = VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models))
     out = []
     roles = [("verifier", target, shares[0], runner.kv_cache_memory, "none")]
     roles += [(f"drafter-{name}", model, shares[1], drafter_kv_cache_memory, drafter_quantize)
               for name, model in drafter_models.items()]
     for service, model, share, kv, quantize in roles:
-        utilization = float(f"{runner.gpu_memory_utilization * share:.4f}")  # as serve passes it
-        r = replace(runner, kv_cache_memory=kv, gpu_memory_utilization=utilization,
-                    quantize=quantize)
+        r = service_runner(runner, kv, share, quantize)  # as serve passes it
+        utilization = r.gpu_memory_utilization
         note = ""
         if gpu_memory and plan_device(runner.device, gpu_memory).type == "cuda":
             note = (f"GPU share {utilization:g} of {format_size(gpu_memory)} "
@@ -252,14 +251,14 @@ def plan_command(target: str, drafter_models: dict[str, str], runner: RunnerConf
     return 0 if all(p.fits for p in plans) else 1
 
 
-def plan_serve(cfg, gpu_memory: int | None = None) -> int:
+def plan_serve(cfg: ServeConfig, gpu_memory: int | None = None) -> int:
     """``spin serve --dry-run``: print the plan of the services ``cfg`` would start; 0 when
-    every service fits, else 1."""
-    from .serve import drafter_quantization, models
-
+    every service fits, else 1. ValueError for drafter weights that cannot run on the planned
+    device (``serve.drafter_quantization``)."""
     target, drafter_models = models(cfg)
+    quantize = drafter_quantization(cfg, plan_device(cfg.runner.device, gpu_memory))
     plans = plan_deployment(target, drafter_models, cfg.runner, cfg.drafter_kv_cache_memory,
-                            gpu_memory, drafter_quantization(cfg))
+                            gpu_memory, quantize)
     print(format_plan(plans, one_machine=True))
     return 0 if all(p.fits for p in plans) else 1
 

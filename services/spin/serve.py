@@ -7,6 +7,11 @@ SIGTERM) stops them router first, so in-flight requests drain. Each child's log 
 ``build/serve/<role>.log``. A child that exits is started again on its ports, and no child
 outlives ``spin serve`` (``supervisor.py``).
 
+The router gets its ``RouterConfig`` whole, as the JSON file ``build/serve/router.json``
+(``spin router --config``: ``router/config.py`` writes and reads it, so no flag list is kept
+here); the verifier and the drafters get their few model and service flags (``runner_argv``,
+``server_argv``: the exact inverses of their parsers in ``cli/flags.py``, which the tests check).
+
 Tracing: the children inherit the environment, so ``OTEL_EXPORTER_OTLP_ENDPOINT`` (and the other
 ``OTEL_*`` variables) turn it on in every process, except ``OTEL_SERVICE_NAME``: one name for all
 would merge them, so each child names itself (``spin-router``, ``spin-verifier``,
@@ -18,23 +23,22 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .cli.flags import runner_argv, server_argv
-from .cli.services import router_argv
-from .cpus import available_cpus, split
+import torch
+
+from .cpus import available_cpus, format_cpus, split
 from .engine.memory import resolve_device
 from .engine.model_runner import RunnerConfig
+from .engine.quant import Quantization
 from .engine.quant import resolve as resolve_quantize
-from .router.config import RouterConfig
+from .router.config import RouterConfig, to_json
 from .rpc.serving import ServerConfig
-from .supervisor import RestartPolicy, Supervisor, die_with_parent, tail
+from .supervisor import Child, RestartPolicy, Supervisor, die_with_parent
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -72,7 +76,7 @@ class ServeConfig:
     """Draft models to start (default: every draft model in the family)."""
     router: RouterConfig = field(default_factory=RouterConfig)
     """The router's policy, default drafter and k, batching and cost model, as ``spin router``
-    takes them (``cli.services.router_argv`` passes them on). ``serve`` fills in ``verifier``
+    takes them (whole, in ``log_dir/router.json``). ``serve`` fills in ``verifier``
     and ``drafters`` with the services it starts, ``tokenizer`` when '' with the target's,
     ``redis_url`` when it starts a redis-server. Without a ``cost_model`` file the router fits
     its cost model from the step times the services measure on themselves at start
@@ -93,7 +97,8 @@ class ServeConfig:
     of the verifier's threads and every operator waits for it."""
     drafter_quantize: str = "auto"
     """Weights of the draft models: 'none' (as loaded), 'int8' (``engine/quant.py``: faster
-    drafts on CPU, the same output), or 'auto' (int8 where this torch has the kernels). The cost
+    drafts on CPU, the same output; only on the CPU in float32), or 'auto' (int8 where the
+    drafters run on the CPU in float32 and this torch has the kernels, else none). The cost
     model is measured again when its file was measured with other drafter weights."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every child (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``), over this
@@ -104,89 +109,6 @@ class ServeConfig:
     """Its private key (PEM)."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """When ``serve`` restarts a child that exited (``supervisor.py``)."""
-
-
-class Child:
-    """A service process whose first stdout line ``<role> ready grpc_port=P metrics_port=M``
-    says it is serving; killed by the kernel if this process dies (``supervisor.py``)."""
-
-    def __init__(self, role: str, argv: list[str], log_dir: Path, env: dict[str, str] | None,
-                 append: bool = False) -> None:
-        self.role = role
-        self.argv = argv
-        self.env = env
-        self.log_dir = log_dir
-        self.log_path = log_dir / f"{role}.log"
-        self._log = open(self.log_path, "a" if append else "w")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env=env, start_new_session=True,
-                                     preexec_fn=die_with_parent())
-        self.port = 0
-        self.metrics_port = 0
-        self.http_port = 0
-        """The router's HTTP API port (0: none)."""
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if " ready grpc_port=" in line and not self._ready.is_set():
-                fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
-                self.port, self.metrics_port = int(fields["grpc_port"]), int(fields["metrics_port"])
-                self.http_port = int(fields.get("http_port", 0))
-                self._ready.set()
-            else:
-                self._log.write(line)
-                self._log.flush()
-
-    @property
-    def ready(self) -> bool:
-        """It said it is serving."""
-        return self._ready.is_set()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while not self._ready.wait(0.1):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.role} exited with {self.proc.returncode} while starting;"
-                                   f" its log ({self.log_path}) ends:\n{tail(self.log_path)}")
-            if time.monotonic() > end:
-                raise RuntimeError(f"{self.role} not ready after {timeout_s:.0f} s; see {self.log_path}")
-
-    def restart(self) -> Child:
-        """The same service started again on the ports it had (its clients find it where they
-        left it), its log appended to."""
-        self.stop(0)
-        argv = _with_flag(_with_flag(self.argv, "--port", str(self.port)), "--metrics-port",
-                          str(self.metrics_port))
-        if self.http_port:
-            argv = _with_flag(argv, "--http-port", str(self.http_port))
-        child = Child(self.role, argv, self.log_dir, self.env, append=True)
-        child.port, child.metrics_port, child.http_port = (self.port, self.metrics_port,
-                                                           self.http_port)
-        return child
-
-    def stop(self, grace_s: float) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
-def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """``argv`` with ``flag``'s value replaced (or the flag appended)."""
-    if flag in argv:
-        i = argv.index(flag)
-        return [*argv[:i + 1], value, *argv[i + 2:]]
-    return [*argv, flag, value]
-
-
-def _spin(*args: str) -> list[str]:
-    return [sys.executable, "-m", "spin", *args]
 
 
 VERIFIER_GPU_SHARE = 0.75
@@ -202,12 +124,50 @@ def service_runner(runner: RunnerConfig, kv_cache_memory: int | None, gpu_share:
                    gpu_memory_utilization=float(f"{runner.gpu_memory_utilization * gpu_share:.4f}"))
 
 
-def drafter_quantization(cfg: ServeConfig) -> str:
-    """The drafters' weights: ``drafter_quantize`` resolved, int8 only where they run on the
-    CPU (the runner refuses int8 elsewhere)."""
-    if cfg.runner.device != "cpu" and resolve_device(cfg.runner.device).type != "cpu":
-        return "none"
-    return resolve_quantize(cfg.drafter_quantize)
+def drafter_quantization(cfg: ServeConfig, device: torch.device | None = None) -> Quantization:
+    """The drafters' weights: ``drafter_quantize`` resolved for their ``device`` (default: what
+    ``runner.device`` is on this machine) and ``runner.dtype`` (``quant.resolve``: 'auto' is
+    int8 only on the CPU in float32). ValueError naming the flags for an 'int8' that cannot run
+    there, so that ``spin serve`` refuses it before any child starts."""
+    if device is None:
+        device = resolve_device(cfg.runner.device)
+    try:
+        return resolve_quantize(cfg.drafter_quantize, device, cfg.runner.dtype)
+    except ValueError:
+        where = "" if str(device) == cfg.runner.device else f" (here {device})"
+        raise ValueError(
+            f"--drafter-quantize {cfg.drafter_quantize} needs --device cpu and --dtype float32 "
+            f"(or auto): int8 weights run on the CPU in float32 only, and these drafters would "
+            f"run with --device {cfg.runner.device}{where} --dtype {cfg.runner.dtype}; use "
+            f"--drafter-quantize auto (int8 only where it can run) or none") from None
+
+
+def runner_argv(runner: RunnerConfig) -> list[str]:
+    """``runner`` as the flags ``cli.flags.runner_config`` reads back (``--quantize`` only when
+    it is not 'none': a drafter's parser has it, the others do not)."""
+    argv = ["--device", runner.device, "--dtype", runner.dtype,
+            "--gpu-memory-utilization", repr(runner.gpu_memory_utilization),
+            "--max-seqs", str(runner.max_seqs), "--block-size", str(runner.block_size)]
+    if runner.kv_cache_memory is not None:
+        argv += ["--kv-cache-memory", str(runner.kv_cache_memory)]
+    if runner.max_model_len is not None:
+        argv += ["--max-model-len", str(runner.max_model_len)]
+    if runner.quantize != "none":
+        argv += ["--quantize", runner.quantize]
+    return argv
+
+
+def server_argv(server: ServerConfig, cpus: list[int] | None = None) -> list[str]:
+    """``server`` (and the cores ``cpus``, None = all) as the flags ``cli.flags.service_flags``
+    parses (``cli.flags.server_config`` reads them back)."""
+    argv = ["--host", server.host, "--port", str(server.port), "--grace", repr(server.grace_s)]
+    if server.metrics_port is not None:
+        argv += ["--metrics-port", str(server.metrics_port)]
+    if cpus is not None:
+        argv += ["--cpus", format_cpus(cpus)]
+    if server.tls_cert:
+        argv += ["--tls-cert", server.tls_cert, "--tls-key", server.tls_key or ""]
+    return argv
 
 
 def models(cfg: ServeConfig) -> tuple[str, dict[str, str]]:
@@ -219,6 +179,11 @@ def models(cfg: ServeConfig) -> tuple[str, dict[str, str]]:
     return target, {n: str(cfg.family_dir / n) for n in names}
 
 
+def spin_argv(*args: str) -> list[str]:
+    """The command line of ``spin ARGS`` in a child process (this interpreter)."""
+    return [sys.executable, "-m", "spin", *args]
+
+
 class Embedded:
     """The running children (a context manager; also used by the tests and benchmarks)."""
 
@@ -227,16 +192,28 @@ class Embedded:
         self.children: list[Child] = []
         self.redis = None
         self.router: Child | None = None
+        self.timeout_s = 180.0
+        """How long each child may take to say it serves."""
 
     @property
     def endpoint(self) -> str:
         return f"{self.cfg.host}:{self.router.port}"
 
+    @property
+    def router_config_path(self) -> Path:
+        """The router's whole configuration (``spin router --config``)."""
+        return self.cfg.log_dir / "router.json"
+
     def child(self, role: str, name: str) -> Child:
-        return next(c for c in self.children if c.role == f"{role}-{name}" or c.role == role == name)
+        """The child of ``role`` named ``name`` (the verifier: ``child("verifier", "verifier")``)."""
+        return next(c for c in self.children
+                    if c.role == f"{role}-{name}" or c.role == role == name)
 
     def start(self, timeout_s: float = 180.0) -> Embedded:
-        cfg = self.cfg
+        """Start redis-server, the verifier and drafters, then the router; each waited for.
+        ValueError (before anything starts) for drafter weights that cannot run."""
+        cfg, self.timeout_s = self.cfg, timeout_s
+        quantize = drafter_quantization(cfg)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         # PASSIVE: an idle OpenMP pool sleeps instead of spinning. The processes take turns on
         # the same cores (draft, then verify), and a spinning pool would steal them from the one
@@ -245,51 +222,68 @@ class Embedded:
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         env.pop("OTEL_SERVICE_NAME", None)  # each child's default names its role
         env.update(cfg.env)
-        redis_url = self._start_redis()
         try:
-            target, drafter_models = models(cfg)
-            quantize = drafter_quantization(cfg)
-            verifier_threads, side_cpus, verifier_cpus = cfg.threads, None, None
-            if cfg.cpus == "split":
-                side_cpus, verifier_cpus = split(available_cpus())
-                verifier_threads = len(verifier_cpus)
-            share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
-            loopback = ServerConfig(port=0, metrics_port=0)
-            verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
-            self.children.append(Child("verifier", _spin(
-                "verifier", "--model", target, "--threads", str(verifier_threads),
-                *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
-            drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)
-            for name, model in drafter_models.items():
-                self.children.append(Child(f"drafter-{name}", _spin(
-                    "drafter", "--model", model, "--name", name, "--threads",
-                    str(cfg.drafter_threads), *server_argv(loopback, side_cpus),
-                    *runner_argv(drafter)), cfg.log_dir, env))
-            for c in self.children:
-                c.wait_ready(timeout_s)
-            http_port = cfg.http_port if cfg.http_port is not None else (8000 if cfg.port else 0)
-            router = replace(
-                cfg.router, verifier=f"127.0.0.1:{self.children[0].port}", api_key=None,
-                http_port=None if cfg.router.http_port is None else http_port,
-                tokenizer=cfg.router.tokenizer or target,
-                drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
-                          for c in self.children[1:]},
-                redis_url=redis_url or cfg.router.redis_url,
-                stats_spill=cfg.router.stats_spill or str(cfg.log_dir / "stats-pending.json"))
-            server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port,
-                                  tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
-            router_env = dict(env)  # the key goes in the environment, never on a command line
-            if cfg.router.api_key:
-                router_env["SPIN_API_KEY"] = cfg.router.api_key
-            self.router = Child("router", _spin("router", *router_argv(router),
-                                                *server_argv(server, side_cpus)), cfg.log_dir,
-                                router_env)
-            self.router.wait_ready(timeout_s)
-            self.children.append(self.router)
+            redis_url = self._start_redis()
+            side_cpus, verifier_cpus = (None, None) if cfg.cpus == "shared" \
+                else split(available_cpus())
+            target = self._start_models(env, quantize, side_cpus, verifier_cpus)
+            self._start_router(env, target, redis_url, side_cpus)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_models(self, env: dict[str, str], quantize: str, side_cpus: list[int] | None,
+                      verifier_cpus: list[int] | None) -> str:
+        """Start the verifier and the drafters and wait until they serve; the target's
+        checkpoint."""
+        cfg = self.cfg
+        target, drafter_models = models(cfg)
+        threads = len(verifier_cpus) if verifier_cpus is not None else cfg.threads
+        share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
+        loopback = ServerConfig(port=0, metrics_port=0)
+        verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
+        self.children.append(Child("verifier", spin_argv(
+            "verifier", "--model", target, "--threads", str(threads),
+            *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
+        drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)
+        for name, model in drafter_models.items():
+            self.children.append(Child(f"drafter-{name}", spin_argv(
+                "drafter", "--model", model, "--name", name, "--threads",
+                str(cfg.drafter_threads), *server_argv(loopback, side_cpus),
+                *runner_argv(drafter)), cfg.log_dir, env))
+        for c in self.children:
+            c.wait_ready(self.timeout_s)
+        return target
+
+    def _start_router(self, env: dict[str, str], target: str, redis_url: str | None,
+                      side_cpus: list[int] | None) -> None:
+        """Write the router's config file, start it over the running services, wait for it,
+        then write its HTTP port into the file (a restart keeps the port)."""
+        cfg = self.cfg
+        http_port = cfg.http_port if cfg.http_port is not None else (8000 if cfg.port else 0)
+        router = replace(
+            cfg.router, verifier=f"127.0.0.1:{self.children[0].port}", api_key=None,
+            http_port=None if cfg.router.http_port is None else http_port,
+            tokenizer=cfg.router.tokenizer or target,
+            drafters={c.role.removeprefix("drafter-"): f"127.0.0.1:{c.port}"
+                      for c in self.children[1:]},
+            redis_url=redis_url or cfg.router.redis_url,
+            stats_spill=cfg.router.stats_spill or str(cfg.log_dir / "stats-pending.json"))
+        self.router_config_path.write_text(to_json(router))
+        server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port,
+                              tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
+        router_env = dict(env)  # the key goes in the environment, never in a file
+        if cfg.router.api_key:
+            router_env["SPIN_API_KEY"] = cfg.router.api_key
+        self.router = Child("router", spin_argv(
+            "router", "--config", str(self.router_config_path),
+            *server_argv(server, side_cpus)), cfg.log_dir, router_env)
+        self.router.wait_ready(self.timeout_s)
+        self.children.append(self.router)
+        if router.http_port is not None and self.router.http_port != router.http_port:
+            self.router_config_path.write_text(to_json(replace(
+                router, http_port=self.router.http_port)))
 
     def _start_redis(self) -> str | None:
         """Start a redis-server for the statistics (``cfg.redis``, when the binary exists): its

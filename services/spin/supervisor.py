@@ -1,5 +1,9 @@
 """``spin serve``'s children kept alive, and never left behind.
 
+**Children.** A ``Child`` is one service process whose first stdout line ``<role> ready
+grpc_port=P metrics_port=M [http_port=H]`` says it is serving (``rpc/serving.py`` prints it);
+its stderr and other output go to ``<log_dir>/<role>.log``.
+
 **Restarts.** ``Supervisor.check`` (called every half second by ``serve``) finds a child that
 exited (a drafter, the verifier, the router, or the redis-server) and starts it again on the same
 ports after a back-off: ``RestartPolicy.backoff_s``, doubled for each restart of that child within
@@ -24,16 +28,18 @@ import ctypes.util
 import logging
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .serve import Embedded
+    from .stats.redis_server import RedisServer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,94 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+class Child:
+    """A service process (module docstring); killed by the kernel if this process dies."""
+
+    def __init__(self, role: str, argv: list[str], log_dir: Path, env: dict[str, str] | None,
+                 append: bool = False) -> None:
+        self.role = role
+        self.argv = argv
+        self.env = env
+        self.log_dir = log_dir
+        self.log_path = log_dir / f"{role}.log"
+        self._log = open(self.log_path, "a" if append else "w")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent())
+        self.port = 0
+        self.metrics_port = 0
+        self.http_port = 0
+        """The router's HTTP API port (0: none)."""
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if " ready grpc_port=" in line and not self._ready.is_set():
+                fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
+                self.port, self.metrics_port = int(fields["grpc_port"]), int(fields["metrics_port"])
+                self.http_port = int(fields.get("http_port", 0))
+                self._ready.set()
+            else:
+                self._log.write(line)
+                self._log.flush()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.role} exited with {self.proc.returncode} while starting;"
+                                   f" its log ({self.log_path}) ends:\n{tail(self.log_path)}")
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.role} not ready after {timeout_s:.0f} s; see "
+                                   f"{self.log_path}")
+
+    def restart(self) -> Child:
+        """The same service started again on the ports it had (its clients find it where they
+        left it), its log appended to. ``--port`` and ``--metrics-port`` are set to them, and
+        ``--http-port`` where the command line has one (``spin serve``'s router has its HTTP
+        port in its config file instead)."""
+        self.stop(0)
+        argv = with_flag(with_flag(self.argv, "--port", str(self.port)), "--metrics-port",
+                         str(self.metrics_port))
+        if self.http_port and "--http-port" in argv:
+            argv = with_flag(argv, "--http-port", str(self.http_port))
+        child = Child(self.role, argv, self.log_dir, self.env, append=True)
+        child.port, child.metrics_port, child.http_port = (self.port, self.metrics_port,
+                                                           self.http_port)
+        return child
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced (or the flag appended)."""
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[:i + 1], value, *argv[i + 2:]]
+    return [*argv, flag, value]
+
+
+class Deployment(Protocol):
+    """What a ``Supervisor`` watches (``serve.Embedded``): the children, the router among them,
+    and the redis-server, if any."""
+
+    children: list[Child]
+    """Every service process; restarted ones replace their predecessors here."""
+    router: Child | None
+    """The router (one of ``children``), replaced here too when restarted."""
+    redis: RedisServer | None
+    """The statistics' redis-server, restarted in place."""
 
 
 @dataclass
@@ -87,7 +181,7 @@ class Supervisor:
     """Restarts ``emb``'s children (and its redis-server) as ``policy`` says; see the module
     docstring. ``out`` receives one line per event (``spin serve`` prints them)."""
 
-    def __init__(self, emb: Embedded, policy: RestartPolicy | None = None,
+    def __init__(self, emb: Deployment, policy: RestartPolicy | None = None,
                  out: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.emb = emb

@@ -1,17 +1,18 @@
-"""The shared flags' writers are the exact inverses of their parsers: ``runner_argv`` of
-``model_flags`` (and the drafter's ``--quantize``), ``server_argv`` of ``service_flags``."""
+"""``spin serve``'s flag writers for its verifier and drafters are the exact inverses of the
+parsers: ``serve.runner_argv`` of ``model_flags`` (and the drafter's ``--quantize``),
+``serve.server_argv`` of ``service_flags``."""
 
 from __future__ import annotations
 
 import pytest
 
 from spin.cli import parser
-from spin.cli.flags import runner_argv, runner_config, server_argv, server_config
+from spin.cli.flags import runner_config, server_config
 from spin.cpus import available_cpus
 from spin.engine.memory import parse_size
 from spin.engine.model_runner import RunnerConfig
 from spin.rpc.serving import ServerConfig
-from spin.serve import VERIFIER_GPU_SHARE, service_runner
+from spin.serve import VERIFIER_GPU_SHARE, runner_argv, server_argv, service_runner
 
 RUNNERS = {
     "defaults": RunnerConfig(),

@@ -1,17 +1,23 @@
 """``spin serve``'s flags become one ``ServeConfig`` whose router settings are a ``RouterConfig``
-(the router child gets them back through ``router_argv``)."""
+(the router child reads it back whole from its config file), and drafter weights that cannot
+run are refused before anything starts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from spin.cli import parser
 from spin.cli.serve import serve_config
-from spin.cli.services import router_argv, router_config
+from spin.cli.services import router_config
+from spin.engine import quant
 from spin.engine.model_runner import RunnerConfig
-from spin.router.config import RouterConfig, SchedulerConfig
+from spin.router.config import RouterConfig, SchedulerConfig, to_json
+from spin.serve import drafter_quantization
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +32,7 @@ def test_serve_defaults_are_the_routers() -> None:
     assert (cfg.port, cfg.metrics_port, cfg.redis, cfg.cpus) == (50051, 0, True, "shared")
 
 
-def test_serve_flags_reach_the_router_child() -> None:
+def test_serve_flags_reach_the_router_child(tmp_path) -> None:
     cfg = serve_config(parser().parse_args([
         "serve", "--default-drafter", "none", "--default-k", "3", "--max-batch", "8",
         "--max-queue", "9", "--micro-batches", "2", "--policy", "fixed",
@@ -40,7 +46,9 @@ def test_serve_flags_reach_the_router_child() -> None:
     assert (cfg.redis, cfg.cpus) == (False, "split")
     child = replace(cfg.router, verifier="127.0.0.1:1", tokenizer="/models/t",
                     drafters={"d": "127.0.0.1:2"}, cost_model="build/cost_model.json")
-    assert router_config(parser().parse_args(["router", *router_argv(child)])) == child
+    (tmp_path / "router.json").write_text(to_json(child))
+    args = parser().parse_args(["router", "--config", str(tmp_path / "router.json")])
+    assert router_config(args) == child
 
 
 def test_serve_refuses_a_bad_policy_config_or_drafter() -> None:
@@ -48,3 +56,39 @@ def test_serve_refuses_a_bad_policy_config_or_drafter() -> None:
         serve_config(parser().parse_args(["serve", "--policy-config", '{"nope": 1}']))
     with pytest.raises(ValueError, match="--drafter wants NAME=PATH_OR_NAME"):
         serve_config(parser().parse_args(["serve", "--drafter", "d"]))
+
+
+@pytest.mark.parametrize("flags,weights", [
+    ([], "int8"), (["--dtype", "float32"], "int8"), (["--dtype", "bfloat16"], "none"),
+    (["--dtype", "float16", "--device", "cpu"], "none"), (["--drafter-quantize", "none"], "none"),
+    (["--drafter-quantize", "int8", "--dtype", "auto"], "int8"),
+])
+def test_drafter_weights_follow_the_device_and_dtype(flags: list[str], weights: str) -> None:
+    """auto is int8 only where it runs (the CPU in float32), on the drafters' device here."""
+    if not quant.available():
+        weights = "none" if "int8" not in flags else weights
+    cfg = serve_config(parser().parse_args(["serve", "--device", "cpu", *flags]))
+    assert drafter_quantization(cfg) == weights
+    if "int8" not in flags:
+        assert drafter_quantization(cfg, torch.device("cuda")) == "none"  # a plan's device
+
+
+def test_int8_drafters_where_they_cannot_run_are_refused_naming_the_flags() -> None:
+    for flags in (["--dtype", "bfloat16"], ["--device", "cuda", "--dtype", "float32"]):
+        cfg = serve_config(parser().parse_args(["serve", "--drafter-quantize", "int8", *flags]))
+        with pytest.raises(ValueError, match="--drafter-quantize int8 needs --device cpu and "
+                                             "--dtype float32"):
+            drafter_quantization(cfg, torch.device(flags[flags.index("--device") + 1]
+                                                   if "--device" in flags else "cpu"))
+
+
+def test_spin_serve_refuses_int8_with_bfloat16_before_starting_anything(tmp_path) -> None:
+    """The defect of issue 36 item 7: the refusal comes at once, with the flags named, and no
+    child (or log) is started."""
+    r = subprocess.run([sys.executable, "-m", "spin", "serve", "--dtype", "bfloat16",
+                        "--drafter-quantize", "int8", "--log-dir", str(tmp_path / "serve"),
+                        "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "spin serve: --drafter-quantize int8 needs --device cpu and --dtype float32" in r.stderr
+    assert "--dtype bfloat16" in r.stderr and "starting" not in r.stdout
+    assert not (tmp_path / "serve").exists()

@@ -35,6 +35,14 @@ def test_resolve_and_bad_settings(family_dir: Path) -> None:
     assert quant.resolve("auto") == "int8" and quant.resolve("none") == "none"
     with pytest.raises(ValueError, match="'auto', 'none' or 'int8'"):
         quant.resolve("int4")
+    # auto takes int8 only where it runs: the CPU in float32 ('auto' is float32 there)
+    assert quant.resolve("auto", "cpu", "auto") == "int8"
+    for device, dtype in (("cpu", "bfloat16"), ("cpu", torch.float16), ("cuda", "auto"),
+                          ("cuda:1", torch.float32)):
+        assert quant.resolve("auto", device, dtype) == "none"
+        assert quant.resolve("none", device, dtype) == "none"
+        with pytest.raises(ValueError, match="int8 weights need device='cpu' and dtype=float32"):
+            quant.resolve("int8", device, dtype)
     with pytest.raises(ValueError, match="quantize must be"):
         ModelRunner(family_dir / "draft-structured", max_seqs=1, quantize="fp8")
     for dtype in (torch.bfloat16, "float16"):

@@ -17,7 +17,7 @@ from service_helpers import request
 
 from spin.policy.goodput import ControllerConfig, SpecLengthController
 from spin.router.cost import ReplicaCosts
-from spin.serve import Child
+from spin.supervisor import Child
 from spin.v1 import generation_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 PROMPT = "def f(x):\n    return x\n\ndef g(x):\n    return x\n\ndef h(x):\n    return"

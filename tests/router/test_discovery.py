@@ -20,7 +20,7 @@ from service_helpers import collect, request, scrape
 
 from spin.router.discovery import (Endpoints, KubernetesDiscovery, KubernetesDiscoveryConfig,
                                    endpoints_from_slices)
-from spin.serve import Child, _spin
+from spin.serve import Child, spin_argv
 from spin.zoo.specs import FAMILY_DIR
 
 RELEASE = {"app.kubernetes.io/instance": "test"}
@@ -100,10 +100,10 @@ def cluster(tmp_path_factory):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                OMP_WAIT_POLICY="PASSIVE")
     common = ("--port", "0", "--metrics-port", "0", "--threads", "1", "--slots", "32")
-    children = {f"verifier-{i}": Child(f"verifier-{i}", _spin("verifier", "--model",
+    children = {f"verifier-{i}": Child(f"verifier-{i}", spin_argv("verifier", "--model",
                                                                str(FAMILY_DIR / "target"), *common),
                                        logs, env) for i in (1, 2)}
-    children |= {f"drafter-{i}": Child(f"drafter-{i}", _spin(
+    children |= {f"drafter-{i}": Child(f"drafter-{i}", spin_argv(
         "drafter", "--model", str(FAMILY_DIR / "draft-code"), "--name", "draft-code", *common),
         logs, env) for i in (1, 2, 3)}
     api = FakeKubeAPI()
@@ -113,7 +113,7 @@ def cluster(tmp_path_factory):
             c.wait_ready(180)
         api.put(verifier_slice("verifier-1", "127.0.0.1", children["verifier-1"].port))
         api.put(drafter_slice("drafter-1", "draft-code", "127.0.0.1", children["drafter-1"].port))
-        router = Child("router", _spin(
+        router = Child("router", spin_argv(
             "router", "--tokenizer", str(FAMILY_DIR / "target"), "--port", "0",
             "--metrics-port", "0", "--discovery", "kubernetes", "--label-selector", SELECTOR,
             "--namespace", "serving", "--kube-api", api.url, "--policy", "fixed",

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from service_helpers import collect, request, scrape
 
-from spin.serve import Child, _spin
+from spin.serve import Child, spin_argv
 from spin.stats import RedisStatsStore
 from spin.v1 import generation_pb2, generation_pb2_grpc
 
@@ -160,7 +160,7 @@ def test_cancel_and_deadline_free_the_caches(serving) -> None:
 
 def test_queue_bound_gives_resource_exhausted(serving, tmp_path: Path) -> None:
     verifier = serving.child("verifier", "verifier")
-    router = Child("router-small", _spin(
+    router = Child("router-small", spin_argv(
         "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
         str(serving.cfg.family_dir / "target"), "--port", "0", "--max-batch", "1",
         "--max-queue", "1"), tmp_path, None)
@@ -252,7 +252,7 @@ def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -
     """A router pipelining two micro-batches (one drafted while the other is verified)."""
     verifier = serving.child("verifier", "verifier")
     code = serving.child("drafter", "draft-code")
-    router = Child("router-piped", _spin(
+    router = Child("router-piped", spin_argv(
         "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
         str(serving.cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0",
         "--drafter", f"draft-code=127.0.0.1:{code.port}", "--micro-batches", "2",

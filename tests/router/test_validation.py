@@ -1,19 +1,23 @@
-"""The router's request checks (``router/validation.py``) in process: each limit, and that
-nothing but ValueError ever escapes, whatever a decodable message holds."""
+"""The router's request checks in process: ``router/validation.py`` on plain requests (each
+limit), and the gRPC adapter's conversion (``router/server.py``) in front of it: nothing but
+ValueError ever escapes, whatever a decodable message holds."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
+from spin.router.server import check_enums, client_request
 from spin.router.validation import (
     MAX_K,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     PROMPT_CHARS_PER_TOKEN,
-    check_enums,
-    request_from_proto,
+    ClientRequest,
+    SpeculationRequest,
+    validate,
 )
 from spin.v1 import generation_pb2, sampling_pb2
 
@@ -26,8 +30,11 @@ def tokenize(text: str) -> list[int]:
     return [ord(c) % VOCAB for c in text]
 
 
-def parse(req: generation_pb2.GenerateRequest, tok=tokenize):
-    return request_from_proto(req, tok, CONTEXT, VOCAB, lambda: DRAFTERS)
+def parse(req: generation_pb2.GenerateRequest | ClientRequest, tok=tokenize):
+    """A gRPC message through the adapter's conversion, then the checks (or a plain request
+    through the checks alone)."""
+    plain = client_request(req) if isinstance(req, generation_pb2.GenerateRequest) else req
+    return validate(plain, tok, CONTEXT, VOCAB, lambda: DRAFTERS)
 
 
 def valid(**kw) -> generation_pb2.GenerateRequest:
@@ -38,14 +45,37 @@ def valid(**kw) -> generation_pb2.GenerateRequest:
 
 
 def test_a_valid_request_becomes_a_router_request() -> None:
-    r = parse(valid(request_id="r1", stop=["x"] * MAX_STOP_STRINGS))
+    r = parse(valid(request_id="r1", stop=["x"] * MAX_STOP_STRINGS)).params
     assert (r.request_id, r.prompt, r.max_tokens, r.mode, r.drafter, r.k) == (
         "r1", tuple(tokenize("hello")), 4, "drafter", "draft-code", 3)
     assert parse(valid()).request_id  # one is assigned
     edge = valid(stop=["s" * MAX_STOP_CHARS])
     edge.speculation.k = MAX_K
     edge.sampling.CopyFrom(sampling_pb2.SamplingParams(temperature=1e-40, top_p=1e-30, top_k=1))
-    assert parse(edge).k == MAX_K
+    assert parse(edge).params.k == MAX_K
+
+
+def test_a_plain_request_is_checked_as_the_message_is() -> None:
+    """What the HTTP adapter builds: the same checks and messages, no protobuf."""
+    ok = ClientRequest(prompt_token_ids=(1, 2, 3), max_tokens=4, temperature=0.7, top_p=0.9,
+                       seed=2**63 - 1, stop=("x",), logprobs=2, request_id="plain",
+                       speculation=SpeculationRequest("drafter", "draft-code", 3, True))
+    r = parse(ok).params
+    assert (r.prompt, r.sampling.seed, r.drafter, r.k, r.early_stop, r.logprobs) == (
+        (1, 2, 3), 2**63 - 1, "draft-code", 3, True, 2)
+    bad = {"sampling.temperature must be finite": dict(temperature=float("nan")),
+           "sampling.top_p must be in": dict(top_p=0.0),
+           "sampling.top_k must be >= 0": dict(top_k=2**31),
+           "sampling.seed must be a 64-bit integer": dict(seed=2**63),
+           r"speculation.mode 'sometimes' is not one of": dict(
+               speculation=SpeculationRequest("sometimes")),
+           r"prompt_token_ids must lie in \[0, 100\)": dict(prompt_token_ids=(2**40,)),
+           "exceeds the context": dict(max_tokens=2**40),
+           r"logprobs must be in \[0, 20\]": dict(logprobs=21),
+           "unknown drafter 'nope'": dict(speculation=SpeculationRequest("drafter", "nope"))}
+    for message, change in bad.items():
+        with pytest.raises(ValueError, match=message):
+            parse(replace(ok, **change))
 
 
 def test_enums_are_checked_in_nested_messages() -> None:

@@ -20,7 +20,7 @@ from spin.engine.memory import parse_size
 from spin.engine.model_runner import RunnerConfig
 from spin.engine.vocab import identify, incompatibility, load_identity
 from spin.router.config import RouterConfig
-from spin.router.server import _check_drafter
+from spin.router_main import check_drafter
 from spin.serve import Embedded, ServeConfig
 from spin.v1 import generation_pb2, model_info_pb2
 
@@ -109,7 +109,7 @@ def _check(models, model_path: str) -> tuple[set[str], dict, dict]:
     rejected: set[str] = set()
     drafters, translators = {"other-tokenizer": pool}, {}
     target = (identify(target_tok), ARCHS["qwen2"].vocab)
-    asyncio.run(_check_drafter("other-tokenizer", pool, target, drafters, rejected, target_tok,
+    asyncio.run(check_drafter("other-tokenizer", pool, target, drafters, rejected, target_tok,
                                translators))
     return rejected, drafters, translators
 
@@ -125,7 +125,7 @@ def test_a_drafter_whose_tokenizer_the_router_cannot_read_is_refused(
     """In a cluster the router may not see the drafter's files (or sees other ones there): the
     drafter is refused, and the log names both tokenizers and what translation needs."""
     path = str(tmp_path / "not-here") if where == "missing" else str(models["target"])
-    with caplog.at_level(logging.ERROR, logger="spin.router.server"):
+    with caplog.at_level(logging.ERROR, logger="spin.router_main"):
         rejected, drafters, translators = _check(models, path)
     assert rejected == {"other-tokenizer"} and not drafters and not translators
     line = next(r.getMessage() for r in caplog.records if "cannot draft" in r.getMessage())

@@ -11,7 +11,8 @@ from loadgen.workload import Request, build_workload
 
 from ..cpus import available_cpus, format_cpus, split
 from ..router.config import RouterConfig
-from ..serve import Child, Embedded, ServeConfig, _spin
+from ..serve import Embedded, ServeConfig, spin_argv
+from ..supervisor import Child
 from .policy_config import PolicyBenchConfig, run_requests
 from .services import _router_times
 
@@ -27,7 +28,7 @@ def _pipelined_router(emb: Embedded, cfg: PolicyBenchConfig, cpus: str | None) -
     micro-batches."""
     name = cfg.pipeline_drafter
     verifier, drafter = emb.child("verifier", "verifier"), emb.child("drafter", name)
-    piped = Child("router-pipelined", _spin(
+    piped = Child("router-pipelined", spin_argv(
         "router", "--verifier", f"127.0.0.1:{verifier.port}", "--tokenizer",
         str(cfg.family_dir / "target"), "--port", "0", "--metrics-port", "0", "--policy",
         "fixed", "--micro-batches", "2", "--drafter", f"{name}=127.0.0.1:{drafter.port}",

@@ -1,10 +1,10 @@
-"""Flags shared by several ``spin`` subcommands, each beside the function that writes its config
-back to flags (the child processes of ``spin serve`` get their settings that way).
+"""Flags shared by several ``spin`` subcommands.
 
-``model_flags``/``runner_config``/``runner_argv``: where a model runs and how much KV cache it
-gets (``RunnerConfig``); ``service_flags``/``server_config``/``server_argv``: where a service
-listens (``ServerConfig``) and the cores it runs on. Each ``*_argv`` is the exact inverse of its
-parser: parsing what it writes gives back an equal config.
+``model_flags``/``runner_config``: where a model runs and how much KV cache it gets
+(``RunnerConfig``); ``service_flags``/``server_config``: where a service listens
+(``ServerConfig``) and the cores it runs on. ``spin serve`` writes such flags for its verifier
+and drafters (``serve.runner_argv``, ``serve.server_argv``: the tests check that they parse back
+here to equal configs).
 """
 
 from __future__ import annotations
@@ -112,21 +112,6 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
                         block_size=args.block_size, quantize=getattr(args, "quantize", "none"))
 
 
-def runner_argv(runner: RunnerConfig) -> list[str]:
-    """``runner`` as the flags ``runner_config`` reads back (``--quantize`` only when it is not
-    'none': a drafter's parser has it, the others do not)."""
-    argv = ["--device", runner.device, "--dtype", runner.dtype,
-            "--gpu-memory-utilization", repr(runner.gpu_memory_utilization),
-            "--max-seqs", str(runner.max_seqs), "--block-size", str(runner.block_size)]
-    if runner.kv_cache_memory is not None:
-        argv += ["--kv-cache-memory", str(runner.kv_cache_memory)]
-    if runner.max_model_len is not None:
-        argv += ["--max-model-len", str(runner.max_model_len)]
-    if runner.quantize != "none":
-        argv += ["--quantize", runner.quantize]
-    return argv
-
-
 # ---- the service: ServerConfig and --cpus -------------------------------------------------------
 
 def service_flags(p: argparse.ArgumentParser, port: int) -> None:
@@ -152,20 +137,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("--tls-cert and --tls-key go together")
     return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
                         grace_s=args.grace, tls_cert=args.tls_cert, tls_key=args.tls_key)
-
-
-def server_argv(server: ServerConfig, cpus: list[int] | None = None) -> list[str]:
-    """``server`` (and the cores ``cpus``, None = all) as the flags ``service_flags`` parses."""
-    from ..cpus import format_cpus
-
-    argv = ["--host", server.host, "--port", str(server.port), "--grace", repr(server.grace_s)]
-    if server.metrics_port is not None:
-        argv += ["--metrics-port", str(server.metrics_port)]
-    if cpus is not None:
-        argv += ["--cpus", format_cpus(cpus)]
-    if server.tls_cert:
-        argv += ["--tls-cert", server.tls_cert, "--tls-key", server.tls_key or ""]
-    return argv
 
 
 def place(args: argparse.Namespace) -> None:
@@ -200,8 +171,6 @@ def service_logging() -> None:
 def policy_overrides(text: str | None) -> dict:
     """The JSON object of ``--policy-config``, checked against the learned policy's settings
     (ValueError naming what is wrong)."""
-    from ..policy.learned import LearnedPolicy, learned_config
-
     if not text:
         return {}
     try:
@@ -210,8 +179,15 @@ def policy_overrides(text: str | None) -> dict:
         raise ValueError(f"not JSON ({e}): {text!r}") from None
     if not isinstance(overrides, dict):
         raise ValueError(f"needs a JSON object, got {text!r}")
-    LearnedPolicy(learned_config(overrides))  # ValueError naming a bad setting or value
+    check_policy_overrides(overrides)
     return overrides
+
+
+def check_policy_overrides(overrides: dict) -> None:
+    """ValueError naming a learned-policy setting or value ``overrides`` gets wrong."""
+    from ..policy.learned import LearnedPolicy, learned_config
+
+    LearnedPolicy(learned_config(overrides))
 
 
 def named_models(specs: list[str], what: str) -> dict[str, str]:

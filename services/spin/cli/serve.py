@@ -53,7 +53,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                          "being restarted) before they fail with UNAVAILABLE")
     sv.add_argument("--drafter-quantize", choices=("auto", "none", "int8"), default="auto",
                     help="the draft models' weights: int8 drafts faster on CPU, and the output is "
-                         "the target's either way (auto: int8 where this torch has the kernels)")
+                         "the target's either way (int8 needs --device cpu and --dtype float32; "
+                         "auto: int8 there when this torch has the kernels, else none)")
     sv.add_argument("--micro-batches", type=positive(int), default=1,
                     help="micro-batches in flight in the router (2 = pipelined)")
     sv.add_argument("--cpus", choices=("shared", "split"), default="shared",
@@ -118,12 +119,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = serve_config(args)
+        if args.dry_run:
+            from ..plan import plan_serve
+
+            return plan_serve(cfg, args.gpu_memory)
+        from ..serve import drafter_quantization, serve
+
+        drafter_quantization(cfg)  # refused here, before any child starts
     except ValueError as e:
         return fail("serve", e)
-    if args.dry_run:
-        from ..plan import plan_serve
-
-        return plan_serve(cfg, args.gpu_memory)
-    from ..serve import serve
-
     return serve(cfg)

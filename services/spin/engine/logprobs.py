@@ -10,11 +10,11 @@ of the raw logits, before temperature and top-p), as vLLM reports by default.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-
-from .rejection import Verdict
 
 MAX_LOGPROBS = 20
 """Alternatives per token at most (OpenAI's ``top_logprobs`` limit)."""
@@ -30,9 +30,21 @@ class TokenLogprobs:
     """The most likely tokens and their log-probabilities, most likely first."""
 
 
-def emitted_logprobs(logits: torch.Tensor, verdict: Verdict, top: int) -> list[TokenLogprobs]:
+class EmittedPath(Protocol):
+    """What a step emitted, as ``rejection.Verdict`` holds it (this module sits below it)."""
+
+    @property
+    def accepted(self) -> Sequence[int]:
+        """Accepted node indices, from the root down."""
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """Emitted tokens: the accepted nodes' tokens, then the correction or bonus token."""
+
+
+def emitted_logprobs(logits: torch.Tensor, verdict: EmittedPath, top: int) -> list[TokenLogprobs]:
     """``logits``: one request's rows [N + 1, V] (or more rows: padding is never read); ``top``:
-    alternatives per token (0: none). One entry per ``verdict.tokens``."""
+    alternatives per token (0: none). One entry per ``verdict.tokens`` (a ``Verdict``)."""
     rows = [0] + [1 + n for n in verdict.accepted]
     picked = logits[rows].float().log_softmax(dim=-1)                           # [T, V]
     tokens = torch.tensor(verdict.tokens, device=picked.device)

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .kv_cache import BLOCK_SIZE, CacheFull, KVCache, Paged
 from .memory import ModelShape, format_size, kv_budget, resolve_device, resolve_dtype
 from .quant import Int8Linear, Quantization, linear
+from .quant import resolve as resolve_quantization
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -105,7 +106,7 @@ class ModelRunner:
         (``quant.py``; draft models only, CPU and fp32 activations). ``vocab_limit``: score only
         token ids below it (a drafter whose embedding is padded past the tokenizer's tokens,
         or past the target's rows, never drafts an id the target cannot score)."""
-        if quantize not in ("none", "int8"):
+        if quantize not in ("none", "int8"):  # 'auto' is resolved before: ``quant.resolve``
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
         self.device = resolve_device(device) if isinstance(device, str) else torch.device(device)
         cfg = AutoConfig.from_pretrained(path)
@@ -115,8 +116,8 @@ class ModelRunner:
         if isinstance(dtype, str):
             dtype = resolve_dtype(dtype, self.device, getattr(cfg, "dtype", None))
         self.dtype = dtype
-        if quantize == "int8" and (self.device.type != "cpu" or dtype != torch.float32):
-            raise ValueError("int8 weights need device='cpu' and dtype=float32")
+        if quantize == "int8":
+            resolve_quantization("int8", self.device, dtype)  # ValueError where it cannot run
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
         self.config = cfg = hf.config
         self.heads = cfg.num_attention_heads

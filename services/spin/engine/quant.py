@@ -27,6 +27,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from .memory import resolve_dtype
+
 Quantization = Literal["none", "int8"]
 """Weights of a model runner's linear layers: as loaded, or int8 per output channel."""
 
@@ -63,12 +65,28 @@ def available() -> bool:
     return True
 
 
-def resolve(choice: str) -> Quantization:
-    """'auto' -> 'int8' where ``available()``, else 'none'; 'none' and 'int8' as they are."""
-    if choice == "auto":
-        return "int8" if available() else "none"
-    if choice not in ("none", "int8"):
+def int8_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether int8 weights can serve a model on ``device`` in ``dtype``: on the CPU in float32
+    only (the kernels take fp32 activations; CUDA has none)."""
+    return device.type == "cpu" and dtype == torch.float32
+
+
+def resolve(choice: str, device: torch.device | str = "cpu",
+            dtype: torch.dtype | str = torch.float32) -> Quantization:
+    """The weights of a model on ``device`` in ``dtype`` ('auto': the runner's, float32 on the
+    CPU): 'auto' -> 'int8' where it runs (``int8_runs``) and this torch has the kernels
+    (``available``), else 'none'; 'none' as it is; 'int8' where it cannot run: ValueError."""
+    if choice not in ("auto", "none", "int8"):
         raise ValueError(f"quantization must be 'auto', 'none' or 'int8', got {choice!r}")
+    device = torch.device(device)
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype, device)
+    runs = int8_runs(device, dtype)
+    if choice == "int8" and not runs:
+        raise ValueError(f"int8 weights need device='cpu' and dtype=float32, not "
+                         f"device={str(device)!r} and dtype={str(dtype).removeprefix('torch.')}")
+    if choice == "auto":
+        return "int8" if runs and available() else "none"
     return choice  # type: ignore[return-value]
 
 

@@ -29,16 +29,13 @@ runs with Python control flow (``walk_host``: a few tensor ops per child instead
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from .logprobs import TokenLogprobs
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
-
-if TYPE_CHECKING:
-    from .logprobs import TokenLogprobs
 
 
 @dataclass(frozen=True)

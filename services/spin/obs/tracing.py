@@ -39,7 +39,7 @@ import inspect
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from opentelemetry import trace
@@ -206,6 +206,13 @@ def extract(traceparent: str, tracestate: str = "") -> Context | None:
 
 
 # ---- the router: one request ---------------------------------------------------------------------
+class StatusLike(Protocol):
+    """A status code as gRPC's ``StatusCode`` gives it: a name, and (number, text) as value."""
+
+    name: str
+    value: tuple[int, str]
+
+
 class RequestTrace:
     """The router's spans of one sampled request: ``spin.generate`` and a ``spin.step`` per step,
     whose context the step's draft and verify tasks carry."""
@@ -270,8 +277,9 @@ class RequestTrace:
             "spin.draft_tokens": s.draft_tokens, "spin.accepted_tokens": s.accepted_tokens,
             "spin.tau": s.tau})
 
-    def fail(self, code: grpc.StatusCode, message: str) -> None:
-        """The stream ends with an error (the router's ``RequestError``, as its gRPC status)."""
+    def fail(self, code: StatusLike, message: str) -> None:
+        """The stream ends with an error: ``code`` is its status (``grpc.StatusCode``, or the
+        router frontend's ``ErrorKind``, which carries the same code)."""
         self._outcome = True
         self.span.set_attribute("rpc.grpc.status_code", code.value[0])
         self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message}"))

@@ -21,16 +21,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..router.frontend import Frontend, RequestFailed
+from ..router.frontend import ErrorKind, Frontend, RequestFailed
 from . import protocol as p
 from .chat import ChatTemplate
-from .completions import (BadRequest, Choice, check_common, generate_request, merged, new_id, now,
+from .completions import (BadRequest, Choice, check_common, client_request, merged, new_id, now,
                           prompts_of, record, submit_all, usage)
 
 log = logging.getLogger(__name__)
-HTTP_STATUS = {"invalid_argument": 400, "resource_exhausted": 429, "unavailable": 503,
-               "internal": 500}
-"""The HTTP status of each router error code."""
+HTTP_STATUS = {ErrorKind.INVALID_ARGUMENT: 400, ErrorKind.RESOURCE_EXHAUSTED: 429,
+               ErrorKind.UNAVAILABLE: 503, ErrorKind.INTERNAL: 500}
+"""The HTTP status of each ``Frontend`` error."""
 ERROR_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
               429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
 ERRORS = {code: {"model": p.ErrorResponse} for code in (400, 401, 404, 429, 500, 503)}
@@ -63,12 +63,38 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
     app = FastAPI(title="SPIN serving", version="1",
                   description="OpenAI-compatible API of the SPIN router (speculative decoding "
                               "with per-request drafter choice).")
-    tok = frontend.tokenizer
+    app.openapi = _openapi(app, model, frontend.max_context)
+    _error_handlers(app)
+    auth = [Depends(_authorizer(api_key))]
 
+    @app.get("/health", response_model=p.Health, responses={503: {"model": p.Health}})
+    async def health() -> JSONResponse:
+        up = ready()
+        return JSONResponse({"status": "ok" if up else "unavailable"},
+                            status_code=200 if up else 503)
+
+    @app.get("/v1/models", response_model=p.ModelList, responses=ERRORS, dependencies=auth)
+    async def models() -> p.ModelList:
+        return p.ModelList(data=[p.ModelCard(id=model, created=now(),
+                                             max_model_len=frontend.max_context,
+                                             drafters=sorted(frontend.drafter_names))])
+
+    _completions_route(app, frontend, model, auth)
+    _chat_route(app, frontend, chat, model, auth)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
+                   include_in_schema=False)
+    async def not_found(path: str) -> JSONResponse:
+        return error_response(404, f"no such path: /{path}", code="not_found")
+
+    return app
+
+
+def _openapi(app: FastAPI, model: str, max_context: int) -> Callable[[], dict]:
+    """``app.openapi``: the generated schema, told what this server serves: its model's id, the
+    context's bound on ``max_tokens``, and an example of each request (what schema-driven
+    clients and fuzzers send)."""
     def openapi() -> dict:
-        """The generated schema, told what this server serves: its model's id, the context's
-        bound on ``max_tokens``, and an example of each request (what schema-driven clients and
-        fuzzers send)."""
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version,
                                  description=app.description, routes=app.routes)
@@ -82,14 +108,17 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
                 for field in ("max_tokens", "max_completion_tokens"):
                     for branch in props.get(field, {}).get("anyOf", []):
                         if branch.get("type") == "integer":
-                            branch["maximum"] = frontend.max_context
+                            branch["maximum"] = max_context
                 comps[name]["examples"] = [{"model": model, "max_tokens": 16, "temperature": 0,
                                             **example}]
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi
+    return openapi
 
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI error object."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return error_response(e.status, e.message, e.param, e.code)
@@ -105,6 +134,9 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
     async def _http(_: Request, e: HTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail))
 
+
+def _authorizer(api_key: str | None) -> Callable[[Request], None]:
+    """A dependency that refuses (401) a request without ``Authorization: Bearer <api_key>``."""
     def authorize(request: Request) -> None:
         if api_key is None:
             return
@@ -115,40 +147,32 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
             raise APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
                            code="invalid_api_key")
 
-    def check_model(name: str) -> None:
-        if name != model:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{model!r}", "model", "model_not_found")
+    return authorize
 
-    @app.get("/health", response_model=p.Health, responses={503: {"model": p.Health}})
-    async def health() -> JSONResponse:
-        up = ready()
-        return JSONResponse({"status": "ok" if up else "unavailable"},
-                            status_code=200 if up else 503)
 
-    @app.get("/v1/models", response_model=p.ModelList, responses=ERRORS,
-             dependencies=[Depends(authorize)])
-    async def models() -> p.ModelList:
-        return p.ModelList(data=[p.ModelCard(id=model, created=now(),
-                                             max_model_len=frontend.max_context,
-                                             drafters=sorted(frontend.drafter_names))])
+def _check_model(name: str, model: str) -> None:
+    if name != model:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                            f"{model!r}", "model", "model_not_found")
+
+
+def _completions_route(app: FastAPI, frontend: Frontend, model: str, auth: list) -> None:
+    """``POST /v1/completions``."""
+    tok = frontend.tokenizer
 
     @app.post("/v1/completions", response_model=p.CompletionResponse,
-              responses={**ERRORS, **SSE}, dependencies=[Depends(authorize)])
-    async def completions(body: p.CompletionRequest):
-        check_model(body.model)
+              responses={**ERRORS, **SSE}, dependencies=auth)
+    async def completions(body: p.CompletionRequest, request: Request):
+        _check_model(body.model, model)
         rid = new_id("cmpl")
         try:
             check_common(body)
             prompts = prompts_of(body)
         except BadRequest as e:
             raise APIError(400, str(e), e.param) from None
-        try:
-            reqs = [(i, generate_request(f"{rid}-{i * body.n + c}", prompt,
-                                         body.max_tokens or 16, body, c, body.logprobs))
-                    for i, prompt in enumerate(prompts) for c in range(body.n)]
-        except BadRequest as e:
-            raise APIError(400, str(e), e.param) from None
+        reqs = [(i, client_request(f"{rid}-{i * body.n + c}", prompt, body.max_tokens or 16,
+                                   body, c, body.logprobs, _trace(request)))
+                for i, prompt in enumerate(prompts) for c in range(body.n)]
         choices = _submit(frontend, reqs, body.user)
         if body.stream:
             return _stream(frontend, choices, body, rid, "text_completion",
@@ -167,10 +191,16 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
                                                                       body.logprobs),
                                         finish_reason=c.finish) for c in choices])
 
+
+def _chat_route(app: FastAPI, frontend: Frontend, chat: ChatTemplate, model: str,
+                auth: list) -> None:
+    """``POST /v1/chat/completions``."""
+    tok = frontend.tokenizer
+
     @app.post("/v1/chat/completions", response_model=p.ChatCompletionResponse,
-              responses={**ERRORS, **SSE}, dependencies=[Depends(authorize)])
-    async def chat_completions(body: p.ChatCompletionRequest):
-        check_model(body.model)
+              responses={**ERRORS, **SSE}, dependencies=auth)
+    async def chat_completions(body: p.ChatCompletionRequest, request: Request):
+        _check_model(body.model, model)
         rid = new_id("chatcmpl")
         try:
             check_common(body)
@@ -182,11 +212,8 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
         room = frontend.max_context - len(ids)
         max_tokens = body.max_completion_tokens or body.max_tokens or max(1, room)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        try:
-            reqs = [(0, generate_request(f"{rid}-{c}", ids, max_tokens, body, c, logprobs))
-                    for c in range(body.n)]
-        except BadRequest as e:
-            raise APIError(400, str(e), e.param) from None
+        reqs = [(0, client_request(f"{rid}-{c}", ids, max_tokens, body, c, logprobs,
+                                   _trace(request))) for c in range(body.n)]
         choices = _submit(frontend, reqs, body.user)
         if body.stream:
             started: set[int] = set()
@@ -210,19 +237,12 @@ def create_app(frontend: Frontend, chat: ChatTemplate, model: str, api_key: str 
                                   if logprobs is not None else None,
                                   finish_reason=c.finish) for c in choices])
 
-    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
-                   include_in_schema=False)
-    async def not_found(path: str) -> JSONResponse:
-        return error_response(404, f"no such path: /{path}", code="not_found")
-
-    return app
-
 
 def _submit(frontend: Frontend, reqs: list, user: str | None) -> list[Choice]:
     try:
         choices = submit_all(frontend, reqs)
     except RequestFailed as e:
-        raise APIError(HTTP_STATUS[e.code], e.message) from None
+        raise APIError(HTTP_STATUS[e.kind], e.message) from None
     if user:
         log.info("requests %s for user %r", [c.req.request_id for c in choices], user)
     return choices
@@ -233,7 +253,12 @@ async def _collect(frontend: Frontend, choices: list[Choice]) -> None:
         async for c, chunk in merged(frontend, choices):
             record(c, chunk)
     except RequestFailed as e:
-        raise APIError(HTTP_STATUS[e.code], e.message) from None
+        raise APIError(HTTP_STATUS[e.kind], e.message) from None
+
+
+def _trace(request: Request) -> tuple[str, str]:
+    """The call's W3C trace context headers (``traceparent``, ``tracestate``; '' when absent)."""
+    return request.headers.get("traceparent", ""), request.headers.get("tracestate", "")
 
 
 def _stream(frontend: Frontend, choices: list[Choice], body, rid: str,
@@ -249,7 +274,7 @@ def _stream(frontend: Frontend, choices: list[Choice], body, rid: str,
                        "choices": [choice_json(c, chunk)]}
                 yield f"data: {json.dumps(msg)}\n\n"
         except RequestFailed as e:
-            status = HTTP_STATUS[e.code]
+            status = HTTP_STATUS[e.kind]
             err = p.ErrorBody(message=e.message, type=ERROR_TYPE.get(status, "error"))
             yield f"data: {json.dumps({'error': err.model_dump()})}\n\n"
             return

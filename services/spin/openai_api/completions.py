@@ -1,8 +1,9 @@
 """An OpenAI completion or chat request as the router's requests, and their events as OpenAI's
 bodies and server-sent events.
 
-Each (prompt, choice) pair is one ``spin.v1.GenerateRequest`` through the router's ``Frontend``
-(the gRPC API's own path, so a greedy output is the same token for token); choice ``i`` of a
+Each (prompt, choice) pair is one plain ``ClientRequest`` through the router's ``Frontend`` (the
+path the gRPC API's requests take too, so a greedy output is the same token for token; no
+protobuf on the way); choice ``i`` of a
 seeded request uses ``seed + i``. All of a request's choices are admitted before anything is
 sent, so a full queue answers 429 and nothing half-runs; a choice that fails later ends the
 response (an ``error`` event when streaming). Leaving early (the client went away) cancels every
@@ -22,11 +23,9 @@ from dataclasses import dataclass, field
 from ..router.frontend import Frontend, RequestFailed
 from ..router.requests import RouterRequest
 from ..router.streaming import Chunk, SpeculationStats
-from ..v1 import generation_pb2, sampling_pb2
+from ..router.validation import ClientRequest, SpeculationRequest
 from . import protocol as p
 
-MODES = {"auto": generation_pb2.SPECULATION_MODE_AUTO, "off": generation_pb2.SPECULATION_MODE_OFF,
-         "drafter": generation_pb2.SPECULATION_MODE_DRAFTER}
 UNSUPPORTED = ("logit_bias", "tools", "tool_choice", "functions", "function_call",
                "response_format", "audio", "modalities", "prediction")
 """Request fields OpenAI has that we refuse (400) rather than silently ignore."""
@@ -93,52 +92,34 @@ def prompts_of(body: p.CompletionRequest) -> list[str | list[int]]:
     return list(prompt)
 
 
-def generate_request(request_id: str, prompt: str | list[int], max_tokens: int,
-                     body: p.CompletionRequest | p.ChatCompletionRequest, choice: int,
-                     logprobs: int | None) -> generation_pb2.GenerateRequest:
-    """One choice as the gRPC API's request; BadRequest for what the message cannot hold (the
-    router's validation, ``Frontend.submit``, checks the rest)."""
-    try:
-        return _generate_request(request_id, prompt, max_tokens, body, choice, logprobs)
-    except (ValueError, TypeError) as e:  # e.g. a token id or max_tokens beyond int32
-        raise BadRequest(f"the request does not fit this server's limits: {e}") from None
-
-
-def _generate_request(request_id: str, prompt: str | list[int], max_tokens: int,
-                      body: p.CompletionRequest | p.ChatCompletionRequest, choice: int,
-                      logprobs: int | None) -> generation_pb2.GenerateRequest:
-    sampling = sampling_pb2.SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature)
-    if body.top_p is not None:
-        sampling.top_p = body.top_p
-    if body.seed is not None:
-        sampling.seed = (body.seed + choice) % 2**63
+def client_request(request_id: str, prompt: str | list[int], max_tokens: int,
+                   body: p.CompletionRequest | p.ChatCompletionRequest, choice: int,
+                   logprobs: int | None, trace: tuple[str, str] = ("", "")) -> ClientRequest:
+    """One choice as the router's plain request (the router's validation, ``Frontend.submit``,
+    checks it); ``trace``: the call's ``traceparent`` and ``tracestate`` headers."""
     spec = body.speculation or p.SpeculationOptions()
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    msg = generation_pb2.GenerateRequest(
-        request_id=request_id, max_tokens=max_tokens, sampling=sampling, stop=stop,
-        ignore_eos=body.ignore_eos,
-        speculation=generation_pb2.Speculation(mode=MODES[spec.mode], drafter=spec.drafter,
-                                               k=spec.k, early_stop=spec.early_stop))
-    if isinstance(prompt, str):
-        msg.prompt = prompt
-    else:
-        msg.prompt_token_ids.extend(prompt)
-    if logprobs is not None:
-        msg.logprobs = logprobs
-    return msg
+    return ClientRequest(
+        prompt=prompt if isinstance(prompt, str) else "",
+        prompt_token_ids=() if isinstance(prompt, str) else tuple(prompt),
+        max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=None if body.seed is None else (body.seed + choice) % 2**63,
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        ignore_eos=body.ignore_eos, logprobs=logprobs, request_id=request_id,
+        speculation=SpeculationRequest(mode=spec.mode, drafter=spec.drafter, k=spec.k,
+                                       early_stop=spec.early_stop),
+        traceparent=trace[0], tracestate=trace[1])
 
 
-def submit_all(frontend: Frontend, reqs: list[tuple[int, generation_pb2.GenerateRequest]],
-               ) -> list[Choice]:
+def submit_all(frontend: Frontend, reqs: list[tuple[int, ClientRequest]]) -> list[Choice]:
     """Admit every choice, or none: RequestFailed after cancelling those already admitted."""
     choices: list[Choice] = []
     try:
-        for prompt, msg in reqs:
-            choices.append(Choice(len(choices), prompt, frontend.submit(msg)))
+        for prompt, req in reqs:
+            choices.append(Choice(len(choices), prompt, frontend.submit(req)))
     except RequestFailed:
         for c in choices:
-            frontend.scheduler.cancel(c.req)
+            frontend.cancel(c.req)
         raise
     return choices
 

@@ -1,14 +1,20 @@
 """What the router connects to and how it decides: its configuration, in one place.
 
-``RouterConfig`` is what ``spin router`` runs with (``cli/services.py`` builds it from flags,
-and ``router_argv`` there writes one back to them; ``spin serve`` embeds one); ``SchedulerConfig``
-its batching and failure handling.
+``RouterConfig`` is what ``spin router`` runs with (``cli/services.py`` builds it from flags, or
+reads it whole from a JSON file: ``spin router --config FILE``, which ``spin serve`` writes with
+``to_json``); ``SchedulerConfig`` its batching and failure handling. ``from_json`` checks the
+file's keys and value types against the dataclasses, so a new field travels with no list of
+flags to extend.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..policy.base import PROMPT_LOOKUP
 from .discovery import KubernetesDiscoveryConfig
@@ -87,3 +93,76 @@ class RouterConfig:
     """A Jinja chat template file for ``/v1/chat/completions`` instead of the tokenizer's."""
     served_model_name: str | None = None
     """The model id of the HTTP API (``/v1/models``); None: the target's name."""
+
+
+def to_json(cfg: RouterConfig) -> str:
+    """``cfg`` as JSON (``from_json`` reads it back to an equal config). ``api_key`` is left
+    out: a secret goes in the environment ($SPIN_API_KEY), never in a file."""
+    return json.dumps(dataclasses.asdict(dataclasses.replace(cfg, api_key=None)), indent=2)
+
+
+def from_json(text: str) -> RouterConfig:
+    """The ``RouterConfig`` a JSON object describes (missing keys keep their defaults);
+    ValueError naming the key for an unknown key or a value of the wrong type."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    return _build(RouterConfig, doc, "")
+
+
+def _build(cls: type, doc: object, where: str) -> Any:
+    """An instance of the dataclass ``cls`` from a JSON object (``where``: its dotted path)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where or 'the config'} must be a JSON object, got {doc!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    prefix = f"{where}." if where else ""
+    unknown = sorted(set(doc) - names)
+    if unknown:
+        raise ValueError(f"unknown key {prefix}{unknown[0]} (known: {sorted(names)})")
+    required = [f.name for f in dataclasses.fields(cls) if f.name not in doc
+                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if required:
+        raise ValueError(f"{prefix}{required[0]} is required")
+    return cls(**{k: _value(hints[k], v, f"{prefix}{k}") for k, v in doc.items()})
+
+
+def _value(hint: Any, value: object, where: str) -> Any:
+    """``value`` as the type ``hint`` (dataclasses built, unions tried in turn); ValueError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in args:
+            try:
+                return _value(arg, value, where)
+            except ValueError as e:
+                errors.append(e)
+        if value is not None and dataclasses.is_dataclass(args[0]):
+            raise errors[0]  # what is wrong inside the object
+    elif origin is Literal:
+        if value in args:
+            return value
+        raise ValueError(f"{where} must be one of {list(args)}, got {value!r}")
+    elif origin is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return {k: _value(args[1], v, f"{where}.{k}") for k, v in value.items()} if args \
+                else value
+    elif dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    elif hint is type(None):
+        if value is None:
+            return None
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, hint):
+        return value
+    raise ValueError(f"{where} must be {_name(hint)}, got {value!r}")
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -1,94 +1,110 @@
 """What the router's client APIs share: a request in (validated, admitted), its stream events out.
 
-The gRPC service (``server.py``) and the OpenAI-compatible HTTP API (``openai_api/``) both build
-a ``spin.v1.GenerateRequest`` and go through ``Frontend``: the same validation
-(``validation.py``), the same admission into the scheduler's queue, the same events
-(``streaming.Chunk``), so their outputs are the same token for token. A request's id stays taken
-until the scheduler has finished it (a cancelled request only some time after its stream ended):
-the scheduler and the services key their state by it.
+The gRPC adapter (``server.py``) and the OpenAI-compatible HTTP adapter (``openai_api/``) each
+turn their message into a plain ``validation.ClientRequest`` and go through ``Frontend``: the
+same validation, the same admission into the scheduler's queue, the same events
+(``streaming.Chunk``), so their outputs are the same token for token. ``Frontend`` speaks no
+wire protocol: a refused or failed request raises ``RequestFailed`` with an ``ErrorKind``, which
+each adapter maps to its own status (a gRPC status code, an HTTP status and OpenAI error object).
+A request's id stays taken until the scheduler has finished it (a cancelled request only some
+time after its stream ended): the scheduler and the services key their state by it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator
 
-import grpc
+from opentelemetry import context as otel_context
 
 from ..obs import metrics, tracing
-from ..policy.base import PROMPT_LOOKUP
-from ..v1 import generation_pb2
 from .requests import RouterRequest
 from .scheduler import QueueFull, Scheduler
-from .streaming import Chunk, ErrorCode, RequestError
-from .validation import MAX_K, request_from_proto
+from .streaming import Chunk, RequestError
+from .validation import ClientRequest, validate
 
-STATUS: dict[ErrorCode, grpc.StatusCode] = {
-    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "unavailable": grpc.StatusCode.UNAVAILABLE,
-    "internal": grpc.StatusCode.INTERNAL,
-}
-"""The gRPC status of each ``RequestError`` code (the HTTP API maps them to its own)."""
 MAX_TRACKED_IDS = 4096
 """Ids of requests remembered before the finished ones among them are forgotten."""
+
+
+class ErrorKind(enum.Enum):
+    """Why a request was refused or failed. The values are the canonical status codes (number,
+    description), which gRPC uses and traces record; each adapter maps a kind by its name."""
+
+    INVALID_ARGUMENT = (3, "invalid argument")
+    """Bad input: the message names the field and its allowed range."""
+    RESOURCE_EXHAUSTED = (8, "resource exhausted")
+    """The queue is full: try again later."""
+    INTERNAL = (13, "internal")
+    """The router failed the request (a bug)."""
+    UNAVAILABLE = (14, "unavailable")
+    """No verifier could serve it (e.g. one down longer than the router waits)."""
+
+    @classmethod
+    def of(cls, code: str) -> ErrorKind:
+        """The kind of a scheduler's ``RequestError`` code ('invalid_argument', ...)."""
+        return cls[code.upper()]
 
 
 class RequestFailed(Exception):
     """A request refused (bad input, a full queue) or failed while it ran."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.kind = kind
         self.message = message
 
 
 class Frontend:
     """Requests into the scheduler and their events back (module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int,
-                 max_k: int = MAX_K) -> None:
+    def __init__(self, scheduler: Scheduler, tokenizer, max_context: int, vocab_size: int) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
+        """The target's tokenizer (the HTTP API renders chat messages and logprobs with it)."""
         self.max_context = max_context
+        """Longest request, prompt and output together (the verifier's context)."""
         self.vocab_size = vocab_size
-        self.max_k = max_k
-        """Largest ``speculation.k`` a request may ask for."""
+        """Token ids a prompt may hold are below it."""
         self.requests: dict[str, RouterRequest] = {}
         """Request id -> the request last submitted with it."""
 
     @property
     def drafter_names(self) -> set[str]:
         """Drafters a request may name now (discovery adds them as they appear)."""
-        names = set(self.scheduler.drafters)
-        return names | {PROMPT_LOOKUP} if self.scheduler.cfg.prompt_lookup else names
-
-    def parse(self, req: generation_pb2.GenerateRequest) -> RouterRequest:
-        """The request as the scheduler takes it; ValueError (and nothing else) names what is
-        wrong and the allowed range (``validation.py``)."""
-        return request_from_proto(req, self.tokenize, self.max_context, self.vocab_size,
-                                  lambda: self.drafter_names, self.max_k)
+        return set(self.scheduler.proposers)
 
     def tokenize(self, text: str) -> list[int]:
         """``text``'s token ids, as a prompt is tokenized (no special tokens added)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def submit(self, request: generation_pb2.GenerateRequest) -> RouterRequest:
-        """Validate and admit ``request``; RequestFailed (invalid_argument, resource_exhausted)
+    def submit(self, request: ClientRequest) -> RouterRequest:
+        """Validate and admit ``request``; RequestFailed (INVALID_ARGUMENT, RESOURCE_EXHAUSTED)
         when it is refused. Its events then come from ``events``."""
         try:
-            req = self.parse(request)
+            req = validate(request, self.tokenize, self.max_context, self.vocab_size,
+                           lambda: self.drafter_names)
             self._check_id_free(req.request_id)
         except ValueError as e:
-            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
-            raise RequestFailed("invalid_argument", str(e)) from None
+            raise self.refuse(ErrorKind.INVALID_ARGUMENT, str(e)) from None
         try:
             self.scheduler.submit(req)
         except QueueFull as e:
-            metrics.REQUEST_ERRORS.labels(grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
-            raise RequestFailed("resource_exhausted", str(e)) from None
+            raise self.refuse(ErrorKind.RESOURCE_EXHAUSTED, str(e)) from None
         self.requests[req.request_id] = req
-        req.trace = tracing.RequestTrace.start(req)  # None unless traced (and sampled)
+        req.trace = _start_trace(req, request)  # None unless traced (and sampled)
         return req
+
+    @staticmethod
+    def refuse(kind: ErrorKind, message: str) -> RequestFailed:
+        """The error refusing a request, counted (``spin:request_errors`` by the kind's name);
+        for an adapter too, when its message cannot even become a ``ClientRequest``."""
+        metrics.REQUEST_ERRORS.labels(kind.name).inc()
+        return RequestFailed(kind, message)
+
+    def cancel(self, req: RouterRequest) -> None:
+        """Stop ``req`` (its client went away) and free its caches; nothing once it finished."""
+        self.scheduler.cancel(req)
 
     async def events(self, req: RouterRequest) -> AsyncIterator[Chunk]:
         """``req``'s chunks up to the last (``finish`` set); RequestFailed if it fails. Leaving
@@ -97,9 +113,10 @@ class Frontend:
             while True:
                 event = await req.out.get()
                 if isinstance(event, RequestError):
+                    kind = ErrorKind.of(event.code)
                     if req.trace is not None:
-                        req.trace.fail(STATUS[event.code], event.message)
-                    raise RequestFailed(event.code, event.message)
+                        req.trace.fail(kind, event.message)
+                    raise RequestFailed(kind, event.message)
                 if req.trace is not None:
                     req.trace.observe(event)
                 yield event
@@ -119,3 +136,16 @@ class Frontend:
             raise ValueError(f"request_id {request_id!r} is in use by a running request")
         if len(self.requests) >= MAX_TRACKED_IDS:  # cancelled ones finish after their streams
             self.requests = {i: r for i, r in self.requests.items() if not r.finished}
+
+
+def _start_trace(req: RouterRequest, asked: ClientRequest) -> tracing.RequestTrace | None:
+    """The request's trace, under the client's trace context when its API carried one (else
+    under the current context: the gRPC server span)."""
+    parent = tracing.extract(asked.traceparent, asked.tracestate) if tracing.enabled() else None
+    if parent is None:
+        return tracing.RequestTrace.start(req)
+    token = otel_context.attach(parent)
+    try:
+        return tracing.RequestTrace.start(req)
+    finally:
+        otel_context.detach(token)

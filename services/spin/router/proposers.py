@@ -250,19 +250,20 @@ class Proposers(Mapping[str, Proposer]):
         self.drafters = drafters
         self.translators = translators if translators is not None else {}
         self.local = {p.name: p for p in (local if local is not None else (PromptLookup(),))}
-        self._made: dict[str, tuple[Drafter, Proposer]] = {}
+        self._made: dict[str, tuple[Drafter, Translator | None, Proposer]] = {}
+        """name -> the service and translator its proposer was made for, and the proposer."""
 
     def __getitem__(self, name: str) -> Proposer:
         if name in self.local:
             return self.local[name]
-        service = self.drafters[name]
+        service, translator = self.drafters[name], self.translators.get(name)
         made = self._made.get(name)
-        if made is None or made[0] is not service:
-            translator = self.translators.get(name)
+        if made is None or made[0] is not service or made[1] is not translator:
+            # a new service, or its tokenizer check found it needs translation
             proposer = (TranslatedDrafter(name, service, translator) if translator is not None
                         else ModelDrafter(name, service))
-            made = self._made[name] = (service, proposer)
-        return made[1]
+            made = self._made[name] = (service, translator, proposer)
+        return made[2]
 
     def __iter__(self) -> Iterator[str]:
         yield from self.local

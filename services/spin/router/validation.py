@@ -1,24 +1,25 @@
-"""What a valid ``spin.v1.GenerateRequest`` is: the router's checks of a client's request.
+"""What a valid request is: the router's checks of what a client asks, whichever API it came by.
 
-``request_from_proto`` turns a request into the scheduler's ``RouterRequest`` or raises
-ValueError naming the field and its allowed range (the router answers INVALID_ARGUMENT with that
-message). Nothing else escapes it, whatever the message holds: enum values outside their enum,
-NaN or infinite floats, oversized strings and lists are all refused before any work is done on
-them. The limits below are documented on the fields in ``proto/spin/v1/generation.proto``.
+Each adapter turns its own message into a plain ``ClientRequest`` (the gRPC one in ``server.py``
+from a ``spin.v1.GenerateRequest``, the HTTP one in ``openai_api/`` from a pydantic body), and
+``validate`` turns that into the scheduler's ``RouterRequest`` or raises ValueError naming the
+field and its allowed range (the adapters answer INVALID_ARGUMENT or 400 with that message).
+Nothing else escapes it, whatever the request holds: NaN or infinite floats, values beyond what
+the services' messages carry, oversized strings and lists are all refused before any work is
+done on them. The limits below are documented on the fields in
+``proto/spin/v1/generation.proto``.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
-from collections.abc import Callable, Collection
-
-from google.protobuf.message import Message
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.sampling import SamplingParams
-from ..rpc.convert import sampling_from_proto
-from ..v1 import generation_pb2
-from .requests import RouterRequest
+from .requests import RequestParams, RouterRequest
 
 MAX_REQUEST_ID_CHARS = 256
 """Longest client-chosen ``request_id``."""
@@ -34,32 +35,63 @@ MAX_K = 16
 PROMPT_CHARS_PER_TOKEN = 64
 """A ``prompt`` longer than this many characters per token of the target's context cannot fit
 whatever it tokenizes to, and is refused before it is tokenized."""
-
-MODES = {generation_pb2.SPECULATION_MODE_UNSPECIFIED: "auto",
-         generation_pb2.SPECULATION_MODE_AUTO: "auto",
-         generation_pb2.SPECULATION_MODE_OFF: "off",
-         generation_pb2.SPECULATION_MODE_DRAFTER: "drafter"}
-"""``SpeculationMode`` -> the scheduler's mode."""
+MODES = ("auto", "off", "drafter")
+"""Speculation modes: the policy's choice, none, or the client's drafter."""
+INT32_MAX = 2**31 - 1
+"""``top_k`` travels to the verifier as an int32."""
 
 Tokenize = Callable[[str], list[int]]
 """Prompt text -> token ids of the target's tokenizer."""
 
 
-def check_enums(msg: Message, prefix: str = "") -> None:
-    """ValueError for the first enum field of ``msg`` (nested messages included) holding a value
-    its enum does not define (proto3 enums are open: a client may send any int32)."""
-    for field, value in msg.ListFields():
-        name = f"{prefix}{field.name}"
-        if field.enum_type is not None:
-            allowed = field.enum_type.values_by_number
-            for v in (value if field.is_repeated else [value]):
-                if v not in allowed:
-                    choices = ", ".join(f"{n} ({e.name})" for n, e in sorted(allowed.items()))
-                    raise ValueError(f"{name} {v} is not a {field.enum_type.name}; allowed: "
-                                     f"{choices}")
-        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
-            for i, sub in enumerate(value if field.is_repeated else [value]):
-                check_enums(sub, f"{name}[{i}]." if field.is_repeated else f"{name}.")
+@dataclass(frozen=True)
+class SpeculationRequest:
+    """How a client asks its request to speculate."""
+
+    mode: str = "auto"
+    """One of ``MODES``: 'auto' (the router's policy picks the drafter and k every step), 'off'
+    (the target alone) or 'drafter' (always ``drafter``)."""
+    drafter: str = ""
+    """The drafter of mode 'drafter' (ignored otherwise)."""
+    k: int = 0
+    """Draft tokens per step, 0..``MAX_K`` (0: the policy's choice)."""
+    early_stop: bool = False
+    """A client-chosen k's chain stops early where the policy's do (``k`` the longest)."""
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """What a client asks, as its API's adapter read it: plain values, not yet checked."""
+
+    prompt: str = ""
+    """Prompt text, tokenized by the router; or empty, with ``prompt_token_ids``."""
+    prompt_token_ids: Sequence[int] = ()
+    """The prompt as the target's token ids (not with ``prompt``)."""
+    max_tokens: int = 0
+    """Tokens to generate at most (> 0, and within the context with the prompt)."""
+    temperature: float = 0.0
+    """Sampling temperature: finite and >= 0 (0: greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling's mass, in (0, 1] (1: off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0: off)."""
+    seed: int | None = None
+    """The request's sampling seed (an int64); None: not reproducible."""
+    stop: Sequence[str] = ()
+    """Stop strings: the output ends before the first that appears."""
+    ignore_eos: bool = False
+    """Go on past the end-of-sequence token."""
+    speculation: SpeculationRequest = field(default_factory=SpeculationRequest)
+    """How the request speculates."""
+    logprobs: int | None = None
+    """Return each emitted token's log-probability and this many alternatives (None: no)."""
+    request_id: str = ""
+    """The client's id for the request ('': the router assigns one)."""
+    traceparent: str = ""
+    """W3C trace context of the client's call, when its API carries it as a header (HTTP);
+    '': the trace goes on from the current context (the gRPC server span)."""
+    tracestate: str = ""
+    """The ``tracestate`` that goes with ``traceparent``."""
 
 
 def check_text(value: str, field: str, limit: int) -> None:
@@ -87,7 +119,33 @@ def check_request_id(request_id: str) -> None:
         raise ValueError("request_id must be printable (no control characters or line breaks)")
 
 
-def prompt_ids(req: generation_pb2.GenerateRequest, tokenize: Tokenize, max_context: int,
+def check_speculation(spec: SpeculationRequest) -> None:
+    """ValueError for an unknown mode, a too long drafter name or a k out of [0, ``MAX_K``]."""
+    if spec.mode not in MODES:
+        raise ValueError(f"speculation.mode {spec.mode!r} is not one of {list(MODES)}")
+    check_text(spec.drafter, "speculation.drafter", MAX_DRAFTER_NAME_CHARS)
+    if not 0 <= spec.k <= MAX_K:
+        raise ValueError(f"speculation.k must be in [0, {MAX_K}] (0 = the policy's choice), "
+                         f"got {spec.k}")
+
+
+def sampling_params(req: ClientRequest) -> SamplingParams:
+    """The request's sampling, each value checked (the field and its range named)."""
+    if not (math.isfinite(req.temperature) and req.temperature >= 0):
+        raise ValueError(f"sampling.temperature must be finite and >= 0 (0 = greedy), "
+                         f"got {req.temperature}")
+    if not 0 < req.top_p <= 1:  # NaN and inf fail too
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {req.top_p}")
+    if not 0 <= req.top_k <= INT32_MAX:
+        raise ValueError(f"sampling.top_k must be >= 0 (0 = off) and at most {INT32_MAX}, "
+                         f"got {req.top_k}")
+    if req.seed is not None and not -2**63 <= req.seed < 2**63:
+        raise ValueError(f"sampling.seed must be a 64-bit integer, got {req.seed}")
+    return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                          seed=req.seed)
+
+
+def prompt_ids(req: ClientRequest, tokenize: Tokenize, max_context: int,
                vocab_size: int) -> tuple[int, ...]:
     """The prompt's token ids (``prompt`` tokenized, or ``prompt_token_ids``), checked to be
     non-empty, within the vocabulary and short enough to leave room for a token."""
@@ -116,34 +174,28 @@ def prompt_ids(req: generation_pb2.GenerateRequest, tokenize: Tokenize, max_cont
     return ids
 
 
-def request_from_proto(req: generation_pb2.GenerateRequest, tokenize: Tokenize, max_context: int,
-                       vocab_size: int, drafter_names: Callable[[], Collection[str]],
-                       max_k: int = MAX_K) -> RouterRequest:
+def validate(req: ClientRequest, tokenize: Tokenize, max_context: int, vocab_size: int,
+             drafter_names: Callable[[], Collection[str]]) -> RouterRequest:
     """The request as the scheduler takes it; ValueError names what is wrong (and nothing else
     is raised). ``drafter_names()`` is asked only for a request naming a drafter."""
-    check_enums(req)
     check_request_id(req.request_id)
     if req.max_tokens <= 0:
         raise ValueError(f"max_tokens must be > 0, got {req.max_tokens}")
     check_stop(req.stop)
     spec = req.speculation
-    check_text(spec.drafter, "speculation.drafter", MAX_DRAFTER_NAME_CHARS)
-    if not 0 <= spec.k <= max_k:
-        raise ValueError(f"speculation.k must be in [0, {max_k}] (0 = the policy's choice), "
-                         f"got {spec.k}")
-    sampling = sampling_from_proto(req.sampling) if req.HasField("sampling") else SamplingParams()
+    check_speculation(spec)
+    sampling = sampling_params(req)
     ids = prompt_ids(req, tokenize, max_context, vocab_size)
     if len(ids) + req.max_tokens > max_context:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
                          f"the context of {max_context} tokens")
-    mode = MODES[spec.mode]
-    if mode == "drafter" and spec.drafter not in (known := drafter_names()):
+    if spec.mode == "drafter" and spec.drafter not in (known := drafter_names()):
         raise ValueError(f"unknown drafter {spec.drafter!r} for speculation.drafter; known: "
                          f"{sorted(known)}")
-    logprobs = req.logprobs if req.HasField("logprobs") else None
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}")
-    return RouterRequest(req.request_id or uuid.uuid4().hex, ids, req.max_tokens, sampling,
-                         tuple(req.stop), req.ignore_eos, mode,
-                         spec.drafter if mode == "drafter" else None, spec.k,
-                         early_stop=spec.early_stop, logprobs=logprobs)
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}")
+    return RouterRequest(RequestParams(
+        request_id=req.request_id or uuid.uuid4().hex, prompt=ids, max_tokens=req.max_tokens,
+        sampling=sampling, stop=tuple(req.stop), ignore_eos=req.ignore_eos, mode=spec.mode,
+        drafter=spec.drafter if spec.mode == "drafter" else None, k=spec.k,
+        early_stop=spec.early_stop, logprobs=req.logprobs))

@@ -8,15 +8,23 @@ background thread) or, without a URL, a ``MemoryStatsStore``. ``RedisServer`` ru
 from .redis_server import RedisServer, find_redis_server, free_port
 from .store import (
     DEFAULT_KEY_PREFIX,
-    SAMPLED_SUFFIX,
     DrafterStats,
     MemoryStatsStore,
     StatsStore,
-    open_stats_store,
-    population_entry,
-    population_name,
 )
 from .redis_store import RedisStatsStore
+
+
+def open_stats_store(url: str | None, **kwargs: object) -> StatsStore:
+    """A ``RedisStatsStore`` on ``url``, or a ``MemoryStatsStore`` when ``url`` is None/empty.
+
+    ``kwargs`` go to ``RedisStatsStore`` (key_prefix, flush_interval_s, on_error, on_flush, ...).
+    Here, above both stores, so that neither module imports the other's.
+    """
+    if url:
+        return RedisStatsStore(url, **kwargs)  # type: ignore[arg-type]
+    return MemoryStatsStore()
+
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -24,11 +32,8 @@ __all__ = [
     "MemoryStatsStore",
     "RedisServer",
     "RedisStatsStore",
-    "SAMPLED_SUFFIX",
     "StatsStore",
     "find_redis_server",
     "free_port",
     "open_stats_store",
-    "population_entry",
-    "population_name",
 ]

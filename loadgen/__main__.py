@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", type=Path, metavar="PATH",
                    help="prompts of your own: JSONL with 'prompt' or 'messages', ShareGPT JSON, "
                    "or plain text (one prompt a line); default: the demo's held-out prompts")
+    p.add_argument("--split", choices=("tuning", "evaluation"), default=None,
+                   help="only that half of the prompts: the demo's held-out prompts, or the rows "
+                   "of a --dataset whose 'split' field names it (rows without one are kept)")
     p.add_argument("--tokenizer", default=str(FAMILY_DIR / "target"),
                    help="local tokenizer directory: renders --dataset chats, and counts the "
                    "tokens of an openai server that returns no token ids (default: the demo "
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def workload(rate: float) -> list[Request]:
             return build_workload(a.num_prompts, rate, a.burstiness, a.seed, domains=domains,
-                                  rows=rows)
+                                  rows=rows, split=a.split)
 
         reqs = workload(a.rate)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:

@@ -1,7 +1,8 @@
 """Prompts from a file of your own (``--dataset PATH``), in the formats load generators read.
 
 - JSON Lines (``.jsonl``): one object a line with ``prompt`` (a string) or ``messages`` (a chat,
-  OpenAI's shape); an optional ``domain`` labels the request in the report;
+  OpenAI's shape); an optional ``domain`` labels the request in the report, an optional ``split``
+  (``tuning`` or ``evaluation``) puts it in one half (loadgen's ``--split``);
 - ShareGPT (``.json``): a list of ``{"conversations": [{"from": "human", "value": ...}, ...]}``;
   each conversation's first human turn is a prompt;
 - anything else: plain text, one prompt a line (blank lines skipped).
@@ -45,13 +46,15 @@ def _jsonl_row(line: str, path: Path, n: int, render: Render | None) -> dict[str
     except ValueError as e:
         raise ValueError(f"{path}:{n}: not JSON ({e})") from None
     domain = str(obj.get("domain", "dataset")) if isinstance(obj, dict) else "dataset"
+    extra = ({"split": obj["split"]} if isinstance(obj, dict) and obj.get("split") in
+             ("tuning", "evaluation") else {})
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"]:
-        return {"domain": domain, "prompt": obj["prompt"]}
+        return {"domain": domain, "prompt": obj["prompt"], **extra}
     if isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"]:
         if render is None:
             raise ValueError(f"{path}:{n}: a chat needs a tokenizer with a chat template "
                              f"(--tokenizer)")
-        return {"domain": domain, "prompt": render(obj["messages"])}
+        return {"domain": domain, "prompt": render(obj["messages"]), **extra}
     raise ValueError(f"{path}:{n}: wants an object with a non-empty 'prompt' or 'messages'")
 
 

@@ -53,9 +53,14 @@ def build_workload(num_prompts: int, rate: float = math.inf, burstiness: float =
                    split: PromptSplit | None = None) -> list[Request]:
     """A seeded mixed workload: prompts shuffled across domains, cycled if more are asked for.
     ``rows`` (``{"domain", "prompt"}``, e.g. ``datasets.read_prompts``) instead of the family's
-    held-out prompts; ``split``: only that half of them (``spin.zoo.corpus.prompt_split``)."""
+    held-out prompts; ``split``: only that half of them (``spin.zoo.corpus.prompt_split``; of
+    ``rows``, those whose ``split`` names it or who have none)."""
     if rows is None:
         rows = heldout_prompts(family_dir, domains, split)
+    elif split is not None:
+        rows = [r for r in rows if r.get("split", split) == split]
+        if not rows:
+            raise ValueError(f"no prompts of the {split} split")
     rng = random.Random(seed)
     order = list(range(len(rows)))
     rng.shuffle(order)

@@ -64,3 +64,28 @@ def test_the_cli_reads_a_dataset(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "loadgen", "--dataset", str(tmp_path / "nope"),
                           "--jsonl"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_a_dataset_s_split_field_picks_its_half(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"prompt": "a", "split": "tuning"}, {"prompt": "b", "split": "evaluation"},
+        {"prompt": "c"}, {"prompt": "d", "split": "other"})))
+    rows = read_prompts(path)
+    assert [r.get("split") for r in rows] == ["tuning", "evaluation", None, None]
+    timed = build_workload(8, rows=rows, split="evaluation")
+    assert {r.prompt for r in timed} == {"b", "c", "d"}  # rows without a known half stay
+    with pytest.raises(ValueError, match="no prompts of the tuning split"):
+        build_workload(2, rows=rows[1:2], split="tuning")
+
+
+def test_the_committed_long_prompt_dataset_is_unseen_text_in_two_halves() -> None:
+    """``benchmarks/datasets/unseen-long.jsonl`` (``spin bench dataset``): 60 prompts of each kind,
+    200-320 target tokens, tuning and evaluation halves disjoint by source document."""
+    from spin.bench.unseen import DEFAULT_OUT, split_of
+
+    rows = [json.loads(line) for line in DEFAULT_OUT.read_text().splitlines()]
+    assert len(rows) == 180 and {r["domain"] for r in rows} == {"code", "prose", "structured"}
+    assert all(200 <= r["tokens"] <= 320 and r["split"] == split_of(r["source"]) for r in rows)
+    halves = {s: {r["source"] for r in rows if r["split"] == s} for s in ("tuning", "evaluation")}
+    assert halves["tuning"] and halves["evaluation"] and not halves["tuning"] & halves["evaluation"]

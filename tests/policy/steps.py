@@ -32,3 +32,15 @@ def observe_step(policy: Policy, prediction: StepPrediction, draft_s: dict[str, 
     rest (no request verified in it)."""
     policy.observe(StepOutcome((), prediction, max(draft_s.values(), default=0.0), verify_s,
                                max(draft_s.values(), default=0.0) + verify_s, draft_s))
+
+
+def without_guard(monkeypatch) -> None:
+    """Build learned policies without the loss guard from here on: a test that pins the policy's
+    choices step by step would otherwise see the guard's probes of plain steps (the guard has
+    tests of its own, ``test_loss_guard.py``, and a replay scenario)."""
+    from dataclasses import replace
+
+    from spin.policy import learned
+    from spin.policy.loss_guard import LossGuard
+
+    monkeypatch.setattr(learned, "LossGuard", lambda cfg: LossGuard(replace(cfg, enabled=False)))

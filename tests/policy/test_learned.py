@@ -11,7 +11,12 @@ from spin.timing.cost_model import CostModel
 from spin.policy.chain_length import EMA
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.stats.store import DrafterStats
-from policy.steps import observe, observe_score, observe_step
+from policy.steps import observe, observe_score, observe_step, without_guard
+
+
+@pytest.fixture(autouse=True)
+def _no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_guard(monkeypatch)
 
 DRAFTERS = {"draft-code", "draft-prose", PROMPT_LOOKUP}
 

@@ -51,19 +51,23 @@ PROMPT = {  # kind -> model drafter -> agreement with the prompt
 MATCH = {"code": 0.6, "prose": 0.3, "structured": 0.8}
 """kind -> probability that prompt lookup finds a match at a step"""
 
+NO_GUARD = {"guard": {"enabled": False}}
 SCENARIOS: dict[str, dict] = {
-    "default": {"overrides": {}},
-    "output_scores": {"overrides": {"prompt_fit": False, "score_rounds": 3, "score_every": 6}},
+    "default": {"overrides": {**NO_GUARD}},
+    "output_scores": {"overrides": {"prompt_fit": False, "score_rounds": 3, "score_every": 6,
+                                    **NO_GUARD}},
     "pruned": {"overrides": {"lookup_rescore": False, "fit_prune_after": 3,
-                             "fit_explore_every": 2}},
+                             "fit_explore_every": 2, **NO_GUARD}},
     "by_acceptance": {"overrides": {"fit_by_goodput": False, "fit_margin": 0.05,
-                                    "fit_pooled_seed": False, "probe_every": 3}},
-    "no_cost_model": {"overrides": {}, "cost": False},
+                                    "fit_pooled_seed": False, "probe_every": 3, **NO_GUARD}},
+    "no_cost_model": {"overrides": {**NO_GUARD}, "cost": False},
     "pipelined_thompson": {"overrides": {"controller": {"pipelined": True, "k_max": 8},
                                          "selector": {"algorithm": "thompson"},
-                                         "stop_below": 0.0, "probe_every": 2},
+                                         "stop_below": 0.0, "probe_every": 2, **NO_GUARD},
                            "population": False},
 }
+"""The guard (``loss_guard.py``) is off: it weighs whole steps, which this replay reports request
+by request (``test_loss_guard.py`` tests it, and its place in the policy)."""
 STEPS = 100
 """choose calls per scenario"""
 

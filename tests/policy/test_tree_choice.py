@@ -11,7 +11,12 @@ from spin.policy.goodput import ControllerConfig, SpecLengthController
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.policy.outcome import outcome
 from spin.policy.tree_choice import Candidate, RunnerUps, choose_shapes
-from policy.steps import observe, observe_score, observe_step
+from policy.steps import observe, observe_score, observe_step, without_guard
+
+
+@pytest.fixture(autouse=True)
+def _no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_guard(monkeypatch)
 
 
 def test_a_rejected_chain_node_tests_its_runner_up() -> None:

@@ -57,12 +57,16 @@ def test_a_router_plans_with_the_model_its_verifier_reports(family_dir: Path,
         costs.verifier(info)
         cost = costs.model()
 
-        def k(rate: float, batch: int) -> int:
+        def k(rate: float, batch: int, context: int = 60) -> int:
             c = SpecLengthController(cost, ControllerConfig(prior_acceptance=rate,
                                                             min_observations=10 ** 6))
-            return c.choose([(f"r{i}", "prompt-lookup", 60) for i in range(batch)])[0]
+            return max(c.choose([(f"r{i}", "prompt-lookup", context) for i in range(batch)]))
 
-        rate = next((a for a in RATES if k(a, 1) > 0 and k(a, 16) == 0 and k(a, 64) == 0), None)
+        # a rate the model prices k = 0 at for every batch of 16..64 requests and every context
+        # they reach (measured step times are noisy on a busy machine: the fitted model need not
+        # be monotone in the batch size, so no batch size is taken for another)
+        rate = next((a for a in RATES if k(a, 1) > 0 and all(
+            k(a, b, c) == 0 for b in range(16, 65) for c in (30, 45, 60))), None)
         assert rate is not None, {a: (k(a, 1), k(a, 16)) for a in RATES}
         # as the chart runs it: learned policy, no --cost-model; the acceptance pinned to `rate`,
         # no k = 1 probes and no online calibration, so that its choices are the fitted model's

@@ -6,15 +6,16 @@ import argparse
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
+from .bench_grid import add_dataset, add_grid
 from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|services|api|policy|sweep|fit|ab``."""
+    """``spin bench engine|attention|services|api|policy|sweep|fit|ab|dataset|grid``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
-                _add_fit, _add_ab):
+                _add_fit, _add_ab, add_dataset, add_grid):
         add(bsub)
 
 

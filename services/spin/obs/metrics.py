@@ -26,6 +26,12 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
   ``max by (role, model) (spin:kv_cache_usage_perc)``
 - requests a service still holds with none running (a leak; should be 0):
   ``sum by (role, model) (spin:service_sequences) and on() (sum(spin:num_requests_running) == 0)``
+- speculation measured against plain steps, per kind of step (below 1: at a loss; the learned
+  policy then runs plain steps there, ``policy/loss_guard.py``)::
+
+    spin:speculation_measured_tokens_per_second{speculation="on"}
+      / ignoring(speculation) spin:speculation_measured_tokens_per_second{speculation="off"}
+
 - acceptance statistics lost at router shutdowns (Redis down, no ``--stats-spill``):
   ``increase(spin:stats_steps_lost_total[1d])``
 """
@@ -94,6 +100,15 @@ STEP_PREDICTION_ERROR = Histogram("spin:step_prediction_error_ratio",
                                   buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
 BATCH_SIZE = Histogram("spin:batch_size", "Requests per verification step.",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+SPEC_MEASURED_RATE = Gauge("spin:speculation_measured_tokens_per_second",
+                           "The learned policy's measure of tokens per second of step, speculating "
+                           "or not (speculation on|off), per kind of step: batch size range and "
+                           "decoding (greedy, sampled, mixed).",
+                           ["batch_size", "decoding", "speculation"])
+SPEC_GUARD = Gauge("spin:speculation_guard_speculating",
+                   "1 while the learned policy speculates on this kind of step, 0 while it runs "
+                   "plain steps there because speculation measured less.",
+                   ["batch_size", "decoding"])
 STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of the statistics store.")
 STATS_STEPS_LOST = Counter("spin:stats_steps_lost",
                            "Acceptance statistics (steps) dropped: not written to Redis at "

@@ -9,12 +9,14 @@ that is not available is never made: the router would have nothing to run it on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..timing.cost_model import CostModel
 from .choice import StepChoice, StepPlan, StepPrediction
+from .loss_guard import StepKind
 from .outcome import StepOutcome
 
 __all__ = ["PROMPT_LOOKUP", "FixedPolicy", "Policy", "RequestView", "StepChoice", "StepPlan",
@@ -64,6 +66,12 @@ class Policy(Protocol):
         """The request finished or was cancelled."""
         ...
 
+    def measured(self) -> Mapping[StepKind, tuple[float, float, bool]]:
+        """Per kind of step: tokens per second measured speculating and not, and whether the
+        policy speculates there now (``loss_guard.py``); empty for a policy that measures
+        nothing."""
+        ...
+
     def set_cost_model(self, cost: CostModel | None) -> None:
         """Plan with this ``CostModel`` from now on (the router fitted a new one: a drafter
         joined)."""
@@ -105,6 +113,9 @@ class FixedPolicy:
 
     def release(self, request_id: str) -> None:
         return None
+
+    def measured(self) -> Mapping[StepKind, tuple[float, float, bool]]:
+        return {}
 
     def set_cost_model(self, cost: CostModel | None) -> None:
         return None

@@ -18,15 +18,14 @@ first tries its next-best drafter through the controller once more. Prompt looku
 in a step in which it would find no match (``RequestView.lookup_match``).
 
 **Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
-the prompt instead: it prefills it (a prefill it reuses later) and counts the prompt tokens equal
-to its greedy prediction from the tokens before them. The router sends these calls during the
-verification, which is the target's prefill of the same prompt. That agreement with the user's
-text is no acceptance rate, but it ranks the drafters (``prompt_fit.py``, ``spin bench fit``), so
-from then on the request's bandit chooses between the best-fitting drafter and prompt lookup
-only, and the best-fitting drafter starts from what it achieved on the earlier requests it
-fitted (before it has such a record, from what all drafters achieved on the requests each
-fitted: ``fit_pooled_seed``). The first step earns no bandit reward: its time is the target's
-prefill.
+the prompt during the verification (the target's prefill of it): the agreement ranks the drafters
+(``prompt_fit.py``), so from then on the request's bandit chooses between the best-fitting drafter,
+seeded from what it achieved on earlier requests it fitted, and prompt lookup. The first step
+earns no bandit reward: its time is the target's prefill.
+
+**Measured, not only predicted.** Per kind of step (batch size, greedy or sampled), the guard
+compares the tokens per second of steps that speculated with those of plain steps and runs plain
+steps where speculation measures less (``loss_guard.py``), probing the other side now and then.
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them; each scored position counts as one accepted or rejected draft token in the request's
@@ -49,29 +48,27 @@ so its acceptance estimate can recover (the controller alone would never observe
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 from collections.abc import Callable, Mapping
 
-from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
 from ..timing.cost_model import CostModel
+from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
 from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
+from .loss_guard import LossGuard, StepKind, step_kind
+from .outcome import RequestOutcome, Score, StepOutcome
+from .population import PopulationFeed, StepStats, population_from_stats
 from .prompt_fit import PromptFit
 from .request_state import RequestState
 from .scoring_cost import ScoringCost
 from .scoring_rounds import ScoringRounds
-from .population import population_from_stats
 from .selector import DraftSelector
-from .outcome import RequestOutcome, Score, StepOutcome
 from .tree_choice import RunnerUps, choose_shapes, tree_candidates
 from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
-log = logging.getLogger(__name__)
 
 Batch = list[tuple[str, str | None, int]]
 """(request id, drafter or None, context length) per request: what the controller prices."""
@@ -87,7 +84,6 @@ class LearnedPolicy:
         self.cfg = cfg or LearnedPolicyConfig()
         self.selector = DraftSelector(self.cfg.selector)
         self.controller = SpecLengthController(cost, self.cfg.controller)
-        self._population = population
         self._requests: dict[str, RequestState] = {}
         """request id -> what the policy keeps about it (``request_state.py``)"""
         self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin,
@@ -103,29 +99,24 @@ class LearnedPolicy:
         """Who scores a request when, and what it feeds (``scoring_rounds.py``)."""
         self.runner_ups = RunnerUps(self.cfg.runner_up_prior, ema=self.cfg.controller.ema)
         """How often each drafter's second choice is the target's token (``tree_choice.py``)."""
-        self._stop = threading.Event()
-        if population is not None:
-            self.refresh()
-            threading.Thread(target=self._refresh_loop, daemon=True,
-                             name="policy-population").start()
+        self.guard = LossGuard(self.cfg.guard)
+        """Speculation measured against plain steps (``loss_guard.py``)."""
+        self._measured: dict[tuple[str, ...], StepKind] = {}
+        """Micro-batch (its request ids) -> the kind of step the guard weighs it as, from
+        ``choose`` to ``observe``."""
+        self.population = (PopulationFeed(population, self._set_population, self.cfg.refresh_s)
+                           if population is not None else None)
+        """The population statistics, re-read in the background (``population.py``)."""
 
-    def refresh(self) -> None:
-        """Re-read the population statistics into the bandit priors and acceptance seeds."""
-        try:
-            stats = self._population()
-        except Exception as e:  # the store never raises by contract; stay safe regardless
-            log.warning("population statistics unavailable: %s", e)
-            return
+    def _set_population(self, stats: Mapping[str, StepStats]) -> None:
+        """New population statistics: the bandit priors and acceptance seeds."""
         self.selector.set_population(population_from_stats(stats))
         self.controller.tracker.set_population(
             {name: s.acceptance_rate for name, s in stats.items() if s.draft_tokens})
 
-    def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.cfg.refresh_s):
-            self.refresh()
-
     def close(self) -> None:
-        self._stop.set()
+        if self.population is not None:
+            self.population.close()
 
     def _state(self, request_id: str) -> RequestState:
         """The request's state, created at first sight."""
@@ -146,6 +137,15 @@ class LearnedPolicy:
 
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         states = [self._begin(r) for r in requests]
+        # the guard weighs steps of requests in mode auto past their prefill (loss_guard.py)
+        measured = all(r.mode == "auto" and r.generated > 0 for r in requests)
+        kind = step_kind([r.greedy for r in requests])
+        if measured:
+            if len(self._measured) > 64:  # steps that never reported (a failed step)
+                self._measured.clear()
+            self._measured[tuple(r.request_id for r in requests)] = kind
+            if not self.guard.speculate(kind):
+                return StepPlan([StepChoice(None)] * len(requests))
         cands, drafters = self._drafters(requests, states, available)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
@@ -234,12 +234,14 @@ class LearnedPolicy:
                   drafters: list[str | None], batch: Batch, ks: list[int],
                   cands: dict[str, set[str]], prefill: int) -> list[int]:
         """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
-        once more through the controller; a drafter that would not draft is no use this step."""
+        once more through the controller; a drafter that would not draft is no use this step. Not
+        before a request's prompt fit or scores: its next-best would be a guess."""
         swapped = list(drafters)
         for i, (r, s) in enumerate(zip(requests, states)):
-            if r.mode == "auto" and ks[i] == 0 and drafters[i] is not None:
-                swapped[i] = (self._next_best(r, s, drafters[i], cands[r.request_id])
-                              or drafters[i])
+            known = s.scored or s.fitted or not self.cfg.score_after
+            if r.mode == "auto" and ks[i] == 0 and drafters[i] is not None and known:
+                swapped[i] = (self.selector.next_best(r.request_id, drafters[i],
+                                                      cands[r.request_id]) or drafters[i])
         if swapped == drafters:
             return ks
         alt = self.controller.choose([(rid, d, c) for (rid, _, c), d in zip(batch, swapped)],
@@ -260,17 +262,6 @@ class LearnedPolicy:
         cands = tree_candidates(requests, drafters, ks, policy_k, self.controller.tracker,
                                 self.runner_ups, self.cfg.tree_max_nodes)
         return choose_shapes(self.controller, batch, ks, prefill, cands, self.cfg.tree_margin)
-
-    def _next_best(self, r: RequestView, state: RequestState, current: str,
-                   cands: set[str]) -> str | None:
-        """The request's best candidate but ``current`` by posterior mean; None before its prompt
-        fit or scores (its next-best would be a guess)."""
-        if self.cfg.score_after and not state.scored and not state.fitted:
-            return None
-        ranked = sorted(((mean, name) for name, (mean, _) in
-                         self.selector.snapshot(r.request_id).items()
-                         if name in cands and name != current), reverse=True)
-        return ranked[0][1] if ranked else None
 
     def _prediction(self, requests: list[RequestView], states: list[RequestState],
                     out: list[StepChoice], batch: Batch, policy_k: list[bool],
@@ -304,6 +295,10 @@ class LearnedPolicy:
                 self._observe_request(r, outcome.draft_wait_s, outcome.verify_wait_s)
         if outcome.prediction is not None and outcome.prediction.step_s > 0:
             self._calibrate(outcome.prediction, outcome.draft_s, outcome.rest_s)
+        kind = self._measured.pop(tuple(r.request_id for r in outcome.requests), None)
+        if kind is not None and all(r.verified for r in outcome.requests):
+            self.guard.observe(kind, any(r.choice.drafter for r in outcome.requests),
+                               sum(r.emitted for r in outcome.requests), outcome.step_s)
 
     def _observe_request(self, r: RequestOutcome, draft_s: float, verify_s: float) -> None:
         """One request's step (``draft_s`` + ``verify_s``: what it waited). With ``ranks``
@@ -390,6 +385,9 @@ class LearnedPolicy:
                                   dict(draft_s), rest_s)
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification
             self.scoring_cost.observe(*prediction.scoring_work, rest_s - prediction.verify_s)
+
+    def measured(self) -> Mapping[StepKind, tuple[float, float, bool]]:
+        return self.guard.rates()
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

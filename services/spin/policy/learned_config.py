@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
+from .loss_guard import GuardConfig
 from .selector import SelectorConfig
 
 
@@ -65,6 +66,8 @@ class LearnedPolicyConfig:
     {"prior_strength": 3.0}}'`` measured B / A = 0.959 with the prompt fit (0.977 before it)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """The speculation-length controller."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """Speculation measured against plain steps, per kind of step (``loss_guard.py``)."""
     refresh_s: float = 5.0
     """How often the population statistics are re-read (in a background thread)."""
     probe_every: int = 16
@@ -177,7 +180,7 @@ def learned_config(overrides: dict | None = None, **base) -> LearnedPolicyConfig
     (``{"score_rounds": 2, "selector": {"ucb_c": 0.1}, "controller": {"k_max": 6}}``), e.g. from
     the router's ``--policy-config``. ``ValueError`` names an unknown or ill-typed setting."""
     cfg = LearnedPolicyConfig(**base)
-    nested = {"selector": SelectorConfig, "controller": ControllerConfig}
+    nested = {"selector": SelectorConfig, "controller": ControllerConfig, "guard": GuardConfig}
     known = sorted(f.name for f in fields(LearnedPolicyConfig))
     for key, value in (overrides or {}).items():
         if key not in known:

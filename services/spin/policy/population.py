@@ -10,9 +10,13 @@ through ``StepStats``, the fields it needs, without importing the store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
+
+log = logging.getLogger(__name__)
 
 
 SAMPLED_SUFFIX = "@sampled"
@@ -80,3 +84,31 @@ def population_from_stats(stats: Mapping[str, StepStats],
         if s.drafts > 0 and seconds > 0.0:
             out[name] = PopulationArm((s.drafts + s.accepted_tokens) / seconds, s.drafts)
     return out
+
+
+class PopulationFeed:
+    """Reads the population statistics now and then every ``every_s`` seconds in a background
+    thread, handing each reading to ``update`` (a store that fails is logged and tried again)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, StepStats]],
+                 update: Callable[[Mapping[str, StepStats]], None], every_s: float) -> None:
+        self.read, self.update, self.every_s = read, update, every_s
+        self._stop = threading.Event()
+        self.refresh()
+        threading.Thread(target=self._loop, daemon=True, name="policy-population").start()
+
+    def refresh(self) -> None:
+        """Read the statistics and hand them on."""
+        try:
+            stats = self.read()
+        except Exception as e:  # the store never raises by contract; stay safe regardless
+            log.warning("population statistics unavailable: %s", e)
+            return
+        self.update(stats)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.refresh()
+
+    def close(self) -> None:
+        self._stop.set()

@@ -264,6 +264,12 @@ class DraftSelector:
             scale = req.scale or 1.0
             return {name: (a.mean * scale, a.n) for name, a in sorted(req.arms.items())}
 
+    def next_best(self, request_id: str, current: str, cands: set[str]) -> str | None:
+        """The request's best drafter among ``cands`` but ``current``, by posterior mean."""
+        ranked = sorted(((mean, name) for name, (mean, _) in self.snapshot(request_id).items()
+                         if name in cands and name != current), reverse=True)
+        return ranked[0][1] if ranked else None
+
     def _request(self, request_id: str) -> _Request:
         return self._requests.get(request_id) or self._requests.setdefault(
             request_id, _Request(scale=self._scale[True]))

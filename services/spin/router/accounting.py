@@ -11,9 +11,11 @@ the final message reports.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..obs import metrics
+from ..policy.loss_guard import StepKind
 from ..policy.outcome import RequestOutcome, StepOutcome
 from ..policy.population import population_name
 from ..stats.store import StatsStore
@@ -121,10 +123,12 @@ class Accounting:
         metrics.REQUEST_SUCCESS.labels(finish).inc()
 
     # ---- one batch step -------------------------------------------------------------------------
-    def step(self, step: StepOutcome) -> None:
+    def step(self, step: StepOutcome, measured: Mapping[StepKind, tuple[float, float, bool]]
+             ) -> None:
         """A micro-batch step's times (what is left of the step past the drafters' and the
         verifier's own seconds is round trips and the router's own work), the drafters that
-        answered or failed, and the policy's prediction of the step."""
+        answered or failed, the policy's prediction of the step, and what the policy measured of
+        speculation per kind of step (``Policy.measured``)."""
         for name, ok in step.drafters_called.items():
             metrics.DRAFTER_UP.labels(name).set(1 if ok else 0)
             if not ok:
@@ -135,6 +139,11 @@ class Accounting:
         metrics.RPC_OVERHEAD_SECONDS.observe(max(0.0, step.rest_s - step.verify_s))
         metrics.BATCH_SIZE.observe(step.batch_size)
         prediction = step.prediction
+        for (bucket, decoding), (on, off, speculating) in measured.items():
+            size = f"{1 << (bucket - 1)}-{(1 << bucket) - 1}"  # the sizes of one bit length
+            metrics.SPEC_MEASURED_RATE.labels(size, decoding, "on").set(on)
+            metrics.SPEC_MEASURED_RATE.labels(size, decoding, "off").set(off)
+            metrics.SPEC_GUARD.labels(size, decoding).set(1 if speculating else 0)
         if prediction is not None and prediction.step_s > 0:  # round trips included
             metrics.STEP_PREDICTED_SECONDS.observe(prediction.step_s)
             metrics.STEP_PREDICTION_ERROR.observe(

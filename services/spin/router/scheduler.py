@@ -289,7 +289,7 @@ class Scheduler:
         step = replace(step, requests=tuple(outcomes), step_s=time.perf_counter() - t0)
         self.policy.observe(step)
         if reply is not None:
-            self.accounting.step(step)
+            self.accounting.step(step, self.policy.measured())
         for r in done:
             self._finish(r)
 

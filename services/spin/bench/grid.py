@@ -1,0 +1,179 @@
+"""``spin bench grid``: speculation auto against off, over concurrency x temperature x prompts.
+
+The promise checked here is the first one this project makes: speculation never makes serving
+slower. One deployment (``spin serve``'s processes, the learned policy, statistics in its own
+Redis) serves every cell; a cell is a prompt set, a temperature and a concurrency, and in each
+the same requests run with speculation off, auto, and (``--fixed NAME:K``) one fixed
+configuration, one mode after the other, each at that concurrency with every request at once
+(``loadgen``'s closed loop). Reported per cell: output tokens per second of each mode (all
+tokens over the wall time), mean end-to-end latency, auto / off and auto / fixed, and for greedy
+cells the outputs that differ from off's (lossless: must be 0).
+
+Prompts: ``short`` are the demo family's held-out prompts, ``long`` a dataset of at least 200
+tokens per prompt, by default ``benchmarks/datasets/unseen-long.jsonl`` (``spin bench dataset``:
+text from outside the demo corpus). Both are timed on their **evaluation** half only; tuning
+tools use the other half. Temperature 0.8 samples with top-p 0.95, request ``i`` with seed
+``seed + i`` in every mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from loadgen.datasets import read_prompts
+from loadgen.workload import Request, build_workload
+
+from ..router.config import RouterConfig
+from ..serve import Embedded, ServeConfig
+from ..zoo.specs import FAMILY_DIR
+from .policy_config import PolicyBenchConfig, Sampling, run_requests
+from .unseen import DEFAULT_OUT as UNSEEN
+
+
+@dataclass
+class GridConfig:
+    """What the grid runs."""
+
+    family_dir: Path = FAMILY_DIR
+    quick: bool = False
+    """Fewer requests and tokens per cell (about a quarter of the time)."""
+    concurrencies: tuple[int, ...] = (1, 8, 32, 64)
+    """Requests in flight (each cell sends this many at once, then one per finished one)."""
+    temperatures: tuple[float, ...] = (0.0, 0.8)
+    """0 = greedy (lossless-checked); above, nucleus sampling with ``top_p``."""
+    top_p: float = 0.95
+    dataset: Path = UNSEEN
+    """The long prompts (JSON Lines; rows with a ``split`` other than evaluation are left out)."""
+    prompt_sets: tuple[str, ...] = ("short", "long")
+    fixed: tuple[str, int] | None = None
+    """A fixed configuration to compare too (drafter, k; its chain stops early as the policy's
+    do), e.g. the best single one chosen on the tuning split."""
+    seed: int = 0
+    policy_config: dict = field(default_factory=dict)
+    """Overrides of the learned policy's settings (``learned_config``)."""
+
+    @property
+    def new_tokens(self) -> int:
+        return 32 if self.quick else 64
+
+    def requests(self, concurrency: int) -> int:
+        """Requests of a cell: two rounds of the concurrency, at least 8 (16)."""
+        return max(concurrency, 8) if self.quick else max(2 * concurrency, 16)
+
+
+def _rows(cfg: GridConfig, prompts: str, n: int) -> list[Request]:
+    if prompts == "short":
+        return build_workload(n, seed=cfg.seed, family_dir=cfg.family_dir, split="evaluation")
+    return build_workload(n, seed=cfg.seed, rows=read_prompts(cfg.dataset), split="evaluation")
+
+
+def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str,
+          temperature: float, concurrency: int) -> dict:
+    """One cell: each mode's tokens/s and mean latency, the ratios, greedy mismatches."""
+    reqs = _rows(cfg, prompts, cfg.requests(concurrency))
+    sampling = (Sampling("greedy") if temperature == 0 else
+                Sampling("sampled", temperature=temperature, top_p=cfg.top_p))
+    modes: list[tuple[str, str, int]] = [("off", "off", 0), ("auto", "auto", 0)]
+    if cfg.fixed is not None:
+        modes.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
+    cell: dict = {"prompts": prompts, "temperature": temperature, "concurrency": concurrency,
+                  "requests": len(reqs), "modes": {}}
+    outputs = {}
+    for label, spec, k in modes:
+        desc = f"{prompts} t={temperature} c={concurrency} {label}"
+        res, wall = run_requests(emb.endpoint, reqs, spec, k, bench, desc,
+                                 concurrency=concurrency, progress=False, sampling=sampling,
+                                 early_stop=k > 0)
+        outputs[label] = [r.token_ids for r in res]
+        tokens = sum(len(r.token_ids) for r in res)
+        steps = sum(r.speculation.steps for r in res)
+        cell["modes"][label] = {"tokens_per_s": tokens / wall,
+                                "mean_latency_s": statistics.mean(r.e2e_s for r in res),
+                                "tau": tokens / steps if steps else 0.0}
+    m = cell["modes"]
+    cell["auto_over_off"] = m["auto"]["tokens_per_s"] / m["off"]["tokens_per_s"]
+    if cfg.fixed is not None:
+        fixed = m[modes[2][0]]["tokens_per_s"]
+        cell["auto_over_fixed"] = m["auto"]["tokens_per_s"] / fixed
+    cell["auto_latency_not_worse"] = m["auto"]["mean_latency_s"] <= m["off"]["mean_latency_s"]
+    cell["greedy_mismatches"] = (sum(a != b for a, b in zip(outputs["auto"], outputs["off"]))
+                                 if temperature == 0 else None)
+    return cell
+
+
+def run_grid(cfg: GridConfig) -> dict:
+    """Every cell on one deployment; the report (``cells`` and a summary)."""
+    router = RouterConfig(policy="learned", policy_config=cfg.policy_config)
+    bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
+                              seed=cfg.seed)
+    cells = []
+    grid = [(p, t, c) for p in cfg.prompt_sets for t in cfg.temperatures
+            for c in cfg.concurrencies]
+    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
+                              log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))) as emb:
+        run_requests(emb.endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
+                     progress=False)
+        for p, t, c in tqdm(grid, desc="grid", unit="cell"):
+            cells.append(_cell(emb, cfg, bench, p, t, c))
+    ratios = [c["auto_over_off"] for c in cells]
+    return {"config": {"quick": cfg.quick, "new_tokens": cfg.new_tokens,
+                       "concurrencies": list(cfg.concurrencies),
+                       "temperatures": list(cfg.temperatures), "dataset": str(cfg.dataset),
+                       "fixed": list(cfg.fixed) if cfg.fixed else None,
+                       "policy_config": cfg.policy_config, "split": "evaluation"},
+            "cells": cells, "min_auto_over_off": min(ratios),
+            "median_auto_over_off": statistics.median(ratios),
+            "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells)}
+
+
+def table(report: dict) -> str:
+    """The grid as a Markdown table."""
+    fixed = report["config"]["fixed"]
+    head = "| prompts | temp | conc | off tok/s | auto tok/s | auto / off |"
+    head += " fixed tok/s | auto / fixed |" if fixed else ""
+    head += " mean latency auto / off |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c in report["cells"]:
+        m = c["modes"]
+        row = (f"| {c['prompts']} | {c['temperature']:g} | {c['concurrency']} | "
+               f"{m['off']['tokens_per_s']:.1f} | {m['auto']['tokens_per_s']:.1f} | "
+               f"{c['auto_over_off']:.3f}x |")
+        if fixed:
+            label = f"{fixed[0]}:k{fixed[1]}"
+            row += f" {m[label]['tokens_per_s']:.1f} | {c['auto_over_fixed']:.3f}x |"
+        row += (f" {m['auto']['mean_latency_s']:.2f} / {m['off']['mean_latency_s']:.2f} s |")
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plot_grid(report: dict, path: Path) -> None:
+    """auto / off per cell, one bar group per prompt set and temperature."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = report["cells"]
+    groups = sorted({(c["prompts"], c["temperature"]) for c in cells})
+    concs = sorted({c["concurrency"] for c in cells})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(groups)
+    for i, (p, t) in enumerate(groups):
+        ys = [next(c["auto_over_off"] for c in cells if (c["prompts"], c["temperature"],
+                                                         c["concurrency"]) == (p, t, n))
+              for n in concs]
+        ax.bar([j + i * width for j in range(len(concs))], ys, width, label=f"{p}, t={t:g}")
+    ax.axhline(1.0, color="grey", linestyle=":")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(concs))], [str(n) for n in concs])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("throughput, auto / off")
+    ax.set_title("SPIN serving: speculation auto against off (demo family)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,104 @@
+"""``spin bench grid`` and ``spin bench dataset``: speculation auto against off over concurrency x
+temperature x prompt length, and the long-prompt dataset it times."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..zoo.specs import FAMILY_DIR
+from .flags import fail, policy_overrides, positive, write_json
+
+
+def add_dataset(bsub: argparse._SubParsersAction) -> None:
+    bd = bsub.add_parser("dataset", help="build the long-prompt dataset from text outside the "
+                         "demo corpus (bench/unseen.py)")
+    bd.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bd.add_argument("--per-domain", type=positive, default=60)
+    bd.add_argument("--min-tokens", type=positive, default=200)
+    bd.add_argument("--max-tokens", type=positive, default=320)
+    bd.add_argument("--seed", type=int, default=0)
+    bd.add_argument("--out", type=Path, default=None,
+                    help="JSON Lines to write (default benchmarks/datasets/unseen-long.jsonl)")
+    bd.set_defaults(func=_bench_dataset)
+
+
+def _bench_dataset(args: argparse.Namespace) -> int:
+    from ..bench.unseen import DEFAULT_OUT, UnseenConfig, build_unseen
+
+    if args.min_tokens > args.max_tokens:
+        return fail("bench dataset", f"--min-tokens {args.min_tokens} exceeds --max-tokens "
+                    f"{args.max_tokens}")
+    r = build_unseen(UnseenConfig(args.family_dir / "target", args.per_domain, args.min_tokens,
+                                  args.max_tokens, args.seed, args.out or DEFAULT_OUT))
+    print(f"{r['prompts']} prompts ({r['by_split']['tuning']} tuning, "
+          f"{r['by_split']['evaluation']} evaluation), {r['mean_tokens']:.0f} tokens on average: "
+          f"{r['out']}")
+    return 0
+
+
+def add_grid(bsub: argparse._SubParsersAction) -> None:
+    bg = bsub.add_parser("grid", help="speculation auto vs off (and a fixed configuration) at "
+                         "each concurrency x temperature x short/long prompts")
+    bg.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bg.add_argument("--quick", action="store_true", help="fewer requests and tokens per cell")
+    bg.add_argument("--concurrency", type=_ints, default=(1, 8, 32, 64),
+                    help="comma-separated (default 1,8,32,64)")
+    bg.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
+                    help="comma-separated (default 0,0.8; above 0 with top-p 0.95)")
+    bg.add_argument("--prompts", default="short,long",
+                    help="short (the demo's held-out prompts), long (--dataset), or both")
+    bg.add_argument("--dataset", type=Path, default=None,
+                    help="the long prompts (JSON Lines; default benchmarks/datasets/"
+                    "unseen-long.jsonl); only rows of its evaluation split are timed")
+    bg.add_argument("--fixed", default=None, metavar="DRAFTER:K",
+                    help="a fixed configuration to compare too, chosen on the tuning split")
+    bg.add_argument("--policy-config", default=None,
+                    help="JSON overrides of the learned policy's settings")
+    bg.add_argument("--json", default=None, help="write the report here")
+    bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
+    bg.set_defaults(func=_bench_grid)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(positive(x) for x in text.split(",") if x.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not out or any(not 0.0 <= t <= 2.0 for t in out):
+        raise argparse.ArgumentTypeError(f"temperatures must be in [0, 2], got {text!r}")
+    return out
+
+
+def _bench_grid(args: argparse.Namespace) -> int:
+    from ..bench.grid import GridConfig, plot_grid, run_grid, table
+    from ..bench.unseen import DEFAULT_OUT
+
+    prompts = tuple(p.strip() for p in args.prompts.split(",") if p.strip())
+    if not prompts or set(prompts) - {"short", "long"}:
+        return fail("bench grid", f"--prompts takes short, long or both, got {args.prompts!r}")
+    fixed = None
+    if args.fixed is not None:
+        name, _, k = args.fixed.rpartition(":")
+        if not name or not k.isdigit() or int(k) <= 0:
+            return fail("bench grid", f"--fixed wants DRAFTER:K with K > 0, got {args.fixed!r}")
+        fixed = (name, int(k))
+    try:
+        overrides = policy_overrides(args.policy_config)
+    except ValueError as e:
+        return fail("bench grid", e)
+    report = run_grid(GridConfig(args.family_dir, args.quick, args.concurrency,
+                                 args.temperatures, dataset=args.dataset or DEFAULT_OUT,
+                                 prompt_sets=prompts, fixed=fixed, policy_config=overrides))
+    print(table(report))
+    print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
+          f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "
+          f"{report['greedy_mismatches']}")
+    write_json(args.json, report)
+    if args.plot is not None:
+        plot_grid(report, args.plot)
+    return 0 if report["greedy_mismatches"] == 0 else 1

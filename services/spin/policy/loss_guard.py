@@ -1,0 +1,143 @@
+"""Speculation never slower than off, by measurement: the policy's plan against plain steps.
+
+The controller (``goodput.py``) predicts each step's goodput from a cost model and acceptance
+estimates. Both can be wrong where it matters most: under load on a busy machine, the verifier's
+forward over ``B * (k + 1)`` tokens costs more than the start-up measurements say, and a sampling
+request's drafts are accepted less than its scores suggest. So the learned policy also *measures*
+what speculation delivers. For each kind of step (``StepKind``: the micro-batch's size, rounded
+to a power of two, and whether its requests are greedy, sampled or mixed) the guard keeps the
+tokens and seconds of the steps that speculated and of those that did not, discounted so that
+they follow the load, and compares the two rates, tokens per second of step (the throughput that
+a mean latency is the inverse of).
+
+While speculation measures at least the rate of plain steps, the policy's plan runs; once it
+measures less, that kind of step runs without speculation (k = 0 for every request in mode auto).
+The side not in use is probed with one step now and then, so a decision follows the traffic:
+first after ``probe_min`` steps, then at twice the interval after each probe that confirmed the
+decision, up to ``probe_max`` (a confirmed decision costs at most one step in ``probe_max``), and
+from ``probe_min`` again after a probe that reversed it. Until both sides have ``min_steps``
+steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
+prefills its prompt are not counted: their time is the prompt's, whatever the plan.
+
+No threshold is set by hand: the rule compares two measured rates. The probing constants bound
+what a decision costs and how fast it follows a change (``GuardConfig``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Decoding = Literal["greedy", "sampled", "mixed"]
+StepKind = tuple[int, Decoding]
+"""(batch-size bucket: bit length of the batch size, decoding of its requests)."""
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """How the guard measures and probes."""
+
+    enabled: bool = True
+    """Off: the policy's plan always runs (the controller's prediction alone decides)."""
+    decay: float = 0.95
+    """Weight of the steps before each new one (per side and kind of step): an estimate follows
+    about the last 1 / (1 - decay) = 20 steps of its side."""
+    min_steps: int = 4
+    """Steps each side needs before the comparison decides."""
+    probe_min: int = 4
+    """Steps between probes of the side not in use, after a reversal (and at the start)."""
+    probe_max: int = 64
+    """Longest interval between probes (one step in this many pays for watching)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay < 1.0 or self.min_steps < 1:
+            raise ValueError(f"invalid guard config {self}")
+        if not 1 <= self.probe_min <= self.probe_max:
+            raise ValueError(f"guard probes need 1 <= probe_min <= probe_max, got {self}")
+
+
+@dataclass
+class _Side:
+    """Discounted tokens and seconds of one side's steps."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Kind:
+    """What the guard knows of one kind of step."""
+
+    spec: _Side = field(default_factory=_Side)
+    off: _Side = field(default_factory=_Side)
+    speculate: bool = True
+    """The decision: run the plan (True) or plain steps."""
+    interval: int = 0
+    """Steps between probes now."""
+    since_probe: int = 0
+    """Steps since the last probe."""
+
+
+def step_kind(greedy: list[bool]) -> StepKind:
+    """The kind of a micro-batch of requests with these decodings."""
+    decoding: Decoding = ("greedy" if all(greedy) else "sampled" if not any(greedy)
+                          else "mixed")
+    return len(greedy).bit_length(), decoding
+
+
+class LossGuard:
+    """Per kind of step: speculate, or run plain steps (module doc)."""
+
+    def __init__(self, cfg: GuardConfig | None = None) -> None:
+        self.cfg = cfg or GuardConfig()
+        self._kinds: dict[StepKind, _Kind] = {}
+
+    def _kind(self, kind: StepKind) -> _Kind:
+        k = self._kinds.get(kind)
+        if k is None:
+            k = self._kinds[kind] = _Kind(interval=self.cfg.probe_min)
+        return k
+
+    def speculate(self, kind: StepKind) -> bool:
+        """Whether the coming step of this kind runs the policy's plan (else plain steps): the
+        decision, or the other side when a probe is due."""
+        if not self.cfg.enabled:
+            return True
+        k = self._kind(kind)
+        k.since_probe += 1
+        if k.since_probe < k.interval:
+            return k.speculate
+        k.since_probe = 0
+        return not k.speculate
+
+    def observe(self, kind: StepKind, speculated: bool, tokens: int, seconds: float) -> None:
+        """A step of this kind ran, speculating or not, and gave ``tokens`` in ``seconds``."""
+        if not self.cfg.enabled or seconds <= 0:
+            return
+        k = self._kind(kind)
+        (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
+        if min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
+            return
+        wins = k.spec.rate >= k.off.rate
+        if speculated != k.speculate:  # a probe: did it confirm the decision?
+            if wins == k.speculate:
+                k.interval = min(2 * k.interval, self.cfg.probe_max)
+            else:
+                k.interval = self.cfg.probe_min
+        k.speculate = wins
+
+    def rates(self) -> dict[StepKind, tuple[float, float, bool]]:
+        """Per kind of step: (tokens/s speculating, tokens/s plain, the decision), for metrics
+        and reports."""
+        return {kind: (k.spec.rate, k.off.rate, k.speculate)
+                for kind, k in sorted(self._kinds.items())}

@@ -1,0 +1,37 @@
+"""``spin bench grid``: a cell on the shared deployment (auto and off on the same requests,
+lossless), the table and the plot from it, and the command's refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from spin.bench.grid import GridConfig, _cell, plot_grid, table
+from spin.bench.policy_config import PolicyBenchConfig
+from spin.serve import Embedded
+
+
+def test_a_greedy_cell_of_long_prompts_is_lossless_and_reported(serving: Embedded,
+                                                                tmp_path: Path) -> None:
+    cfg = GridConfig(quick=True, concurrencies=(2,), temperatures=(0.0,), prompt_sets=("long",))
+    bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens)
+    cell = _cell(serving, cfg, bench, "long", 0.0, 2)
+    assert cell["requests"] == 8 and cell["greedy_mismatches"] == 0
+    off, auto = cell["modes"]["off"], cell["modes"]["auto"]
+    assert off["tau"] == 1.0 and auto["tau"] >= 1.0  # off: one token a step
+    assert cell["auto_over_off"] == auto["tokens_per_s"] / off["tokens_per_s"] > 0
+    report = {"config": {"fixed": None}, "cells": [cell]}
+    assert table(report).splitlines()[2].startswith("| long | 0 | 2 |")
+    plot_grid(report, tmp_path / "grid.png")
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_command_refuses_what_it_cannot_run() -> None:
+    for args, message in ((["--prompts", "medium"], "--prompts takes short, long or both"),
+                          (["--fixed", "draft-code"], "--fixed wants DRAFTER:K"),
+                          (["--temperatures", "3"], "temperatures must be in [0, 2]"),
+                          (["--policy-config", "{\"nope\": 1}"], "unknown learned-policy")):
+        r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

@@ -1,0 +1,101 @@
+"""LossGuard: per kind of step, speculation measured against plain steps; and its place in the
+learned policy (a plain step for every request in mode auto when speculation measures less)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spin.policy.base import PROMPT_LOOKUP, RequestView
+from spin.policy.learned import LearnedPolicy, learned_config
+from spin.policy.loss_guard import GuardConfig, LossGuard, step_kind
+from spin.policy.outcome import RequestOutcome, StepOutcome
+from spin.timing.cost_model import CostModel
+
+KIND = step_kind([False] * 8)
+
+
+def run(guard: LossGuard, steps: int, spec_rate: float, off_rate: float) -> list[bool]:
+    """``steps`` steps of one kind: each speculating one measures ``spec_rate`` tokens/s, each
+    plain one ``off_rate``; what the guard chose for each."""
+    out = []
+    for _ in range(steps):
+        spec = guard.speculate(KIND)
+        out.append(spec)
+        rate = spec_rate if spec else off_rate
+        guard.observe(KIND, spec, 8, 8 / rate)
+    return out
+
+
+def test_step_kinds_bucket_the_batch_size_and_the_decoding() -> None:
+    assert step_kind([True]) == (1, "greedy") and step_kind([False] * 3) == (2, "sampled")
+    assert step_kind([True, False, True, True]) == (3, "mixed")
+    assert step_kind([True] * 32) == step_kind([True] * 63) != step_kind([True] * 64)
+
+
+def test_speculation_that_measures_less_turns_into_plain_steps_and_is_probed_back() -> None:
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=64))
+    chose = run(guard, 200, spec_rate=80.0, off_rate=100.0)
+    first_plain = chose.index(False)
+    assert first_plain == 3  # the first probe of plain steps, after probe_min steps
+    assert chose[40:].count(True) <= 3  # then plain, speculation probed ever more rarely
+    assert guard.rates()[KIND] == (pytest.approx(80.0), pytest.approx(100.0), False)
+
+
+def test_speculation_that_pays_keeps_running_with_rarer_probes() -> None:
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=64))
+    chose = run(guard, 300, spec_rate=150.0, off_rate=100.0)
+    assert chose[100:].count(False) <= 200 // 64 + 1  # one plain step in probe_max at most
+    assert guard.rates()[KIND][2] is True
+
+
+def test_a_change_of_load_reverses_the_decision() -> None:
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=16))
+    run(guard, 100, spec_rate=150.0, off_rate=100.0)
+    assert guard.rates()[KIND][2] is True
+    later = run(guard, 200, spec_rate=60.0, off_rate=100.0)  # the machine got busy
+    assert later[-100:].count(True) <= 100 // 16 + 1
+    assert guard.rates()[KIND][2] is False
+
+
+def test_disabled_it_always_speculates_and_learns_nothing() -> None:
+    guard = LossGuard(GuardConfig(enabled=False))
+    assert run(guard, 50, spec_rate=1.0, off_rate=100.0) == [True] * 50
+    assert guard.rates() == {}
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        GuardConfig(decay=1.0)
+    with pytest.raises(ValueError):
+        GuardConfig(probe_min=8, probe_max=4)
+
+
+def _cost() -> CostModel:
+    return CostModel(verify=(0.010, 0.0, 1e-4, 0.0, 0.0),
+                     draft={"draft-code": (0.0005, 0.001, 0.0, 0.0)})
+
+
+def test_the_learned_policy_runs_plain_steps_where_its_speculation_measured_less() -> None:
+    """Sampled requests at batch 4 whose drafts the cost model thinks pay, but whose steps with
+    speculation give fewer tokens per second than plain ones: the policy turns to plain steps
+    (no drafter, no k, no scoring) for that kind of step, and probes speculation now and then."""
+    policy = LearnedPolicy(learned_config({"score_after": 0, "trees": False}), _cost())
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
+    plain = []
+    for step in range(60):
+        plan = policy.choose(views, {"draft-code", PROMPT_LOOKUP})
+        spec = any(c.drafter for c in plan)
+        plain.append(not spec)
+        # measured: a speculating step gives 1.2 tokens a request in 30 ms, a plain one 1 in 10
+        tokens, seconds = (6 if spec else 4), (0.030 if spec else 0.010)
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0,
+                                        tokens // 4 + (i < tokens % 4), True)
+                         for i, (v, c) in enumerate(zip(views, plan)))
+        policy.observe(StepOutcome(outcomes, plan.prediction, seconds / 3, seconds * 2 / 3,
+                                   seconds))
+    assert plain[3] and sum(plain[30:]) >= 26  # plain steps but for rare probes
+    spec_rate, off_rate, decision = policy.guard.rates()[step_kind([False] * 4)]
+    assert spec_rate == pytest.approx(200.0) and off_rate == pytest.approx(400.0)
+    assert decision is False
+    greedy = [RequestView(f"g{i}", 300, 10, 200, True) for i in range(4)]
+    assert any(c.drafter for c in policy.choose(greedy, {"draft-code", PROMPT_LOOKUP}))

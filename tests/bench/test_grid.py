@@ -27,10 +27,19 @@ def test_a_greedy_cell_of_long_prompts_is_lossless_and_reported(serving: Embedde
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_command_parses_its_lists() -> None:
+    from spin.cli import parser
+
+    args = parser().parse_args(["bench", "grid", "--concurrency", "1,8", "--temperatures",
+                                 "0,0.8"])
+    assert args.concurrency == (1, 8) and args.temperatures == (0.0, 0.8)
+
+
 def test_the_command_refuses_what_it_cannot_run() -> None:
     for args, message in ((["--prompts", "medium"], "--prompts takes short, long or both"),
                           (["--fixed", "draft-code"], "--fixed wants DRAFTER:K"),
                           (["--temperatures", "3"], "temperatures must be in [0, 2]"),
+                          (["--concurrency", "1,0"], "must be > 0"),
                           (["--policy-config", "{\"nope\": 1}"], "unknown learned-policy")):
         r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", *args],
                            capture_output=True, text=True, timeout=120)

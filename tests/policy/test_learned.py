@@ -456,9 +456,11 @@ def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_sho
 
 def test_a_request_has_state_from_first_sight_to_its_release() -> None:
     policy = LearnedPolicy(cost=_cost())
-    observe_score(policy, "early", "draft-code", 3, 4)  # a report before its first step
     policy.choose([_view("a"), _view("b", "off")], DRAFTERS)
-    assert len(policy._requests) == 3 and len(policy.selector._requests) == 2  # early: no step
-    for rid in ("a", "b", "early", "never-seen"):
+    policy.release("b")
+    observe_score(policy, "b", "draft-code", 3, 4)  # a report after its release: left out
+    observe_score(policy, "never-seen", "draft-code", 3, 4)  # and one the policy never chose for
+    assert len(policy._requests) == len(policy.selector._requests) == 1
+    for rid in ("a", "b", "never-seen"):
         policy.release(rid)
     assert len(policy._requests) == len(policy.selector._requests) == 0

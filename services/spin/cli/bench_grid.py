@@ -14,9 +14,9 @@ def add_dataset(bsub: argparse._SubParsersAction) -> None:
     bd = bsub.add_parser("dataset", help="build the long-prompt dataset from text outside the "
                          "demo corpus (bench/unseen.py)")
     bd.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
-    bd.add_argument("--per-domain", type=positive, default=60)
-    bd.add_argument("--min-tokens", type=positive, default=200)
-    bd.add_argument("--max-tokens", type=positive, default=320)
+    bd.add_argument("--per-domain", type=positive(int), default=60)
+    bd.add_argument("--min-tokens", type=positive(int), default=200)
+    bd.add_argument("--max-tokens", type=positive(int), default=320)
     bd.add_argument("--seed", type=int, default=0)
     bd.add_argument("--out", type=Path, default=None,
                     help="JSON Lines to write (default benchmarks/datasets/unseen-long.jsonl)")
@@ -61,7 +61,7 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(positive(x) for x in text.split(",") if x.strip())
+    return tuple(positive(int)(x) for x in text.split(",") if x.strip())
 
 
 def _floats(text: str) -> tuple[float, ...]:

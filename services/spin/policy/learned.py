@@ -137,10 +137,9 @@ class LearnedPolicy:
 
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         states = [self._begin(r) for r in requests]
-        # the guard weighs steps of requests in mode auto past their prefill (loss_guard.py)
-        measured = all(r.mode == "auto" and r.generated > 0 for r in requests)
-        kind = step_kind([r.greedy for r in requests])
-        if measured:
+        # the guard decides for and weighs the steps of requests in mode auto (loss_guard.py)
+        if all(r.mode == "auto" for r in requests):
+            kind = step_kind([r.greedy for r in requests])
             if len(self._measured) > 64:  # steps that never reported (a failed step)
                 self._measured.clear()
             self._measured[tuple(r.request_id for r in requests)] = kind
@@ -286,11 +285,13 @@ class LearnedPolicy:
 
     def observe(self, outcome: StepOutcome) -> None:
         """A verified step: first the scores its drafters measured, then each verified request's
-        drafting, then the step's times against their prediction (calibration)."""
-        for r in outcome.requests:
+        drafting, then the step's times against their prediction (calibration). A request
+        released meanwhile (failed, cancelled) is left out: its state is gone for good."""
+        known = [r for r in outcome.requests if r.request_id in self._requests]
+        for r in known:
             for score in r.scores:
                 self._observe_score(r.request_id, score)
-        for r in outcome.requests:
+        for r in known:
             if r.verified:
                 self._observe_request(r, outcome.draft_wait_s, outcome.verify_wait_s)
         if outcome.prediction is not None and outcome.prediction.step_s > 0:

@@ -6,9 +6,10 @@ forward over ``B * (k + 1)`` tokens costs more than the start-up measurements sa
 request's drafts are accepted less than its scores suggest. So the learned policy also *measures*
 what speculation delivers. For each kind of step (``StepKind``: the micro-batch's size, rounded
 to a power of two, and whether its requests are greedy, sampled or mixed) the guard keeps the
-tokens and seconds of the steps that speculated and of those that did not, discounted so that
-they follow the load, and compares the two rates, tokens per second of step (the throughput that
-a mean latency is the inverse of).
+rates, tokens per second of step (the throughput that a mean latency is the inverse of), of the
+last ``window`` steps that speculated and of the last that did not, and compares their medians.
+A median, not a mean: one step in which a burst of requests prefilled their prompts takes many
+times a decoding step, and would sway a mean for as long as the side it fell on is not run.
 
 While speculation measures at least the rate of plain steps, the policy's plan runs; once it
 measures less, that kind of step runs without speculation (k = 0 for every request in mode auto).
@@ -16,8 +17,11 @@ The side not in use is probed with one step now and then, so a decision follows 
 first after ``probe_min`` steps, then at twice the interval after each probe that confirmed the
 decision, up to ``probe_max`` (a confirmed decision costs at most one step in ``probe_max``), and
 from ``probe_min`` again after a probe that reversed it. Until both sides have ``min_steps``
-steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
-prefills its prompt are not counted: their time is the prompt's, whatever the plan.
+steps, the first decision holds (speculate, unless a smaller batch of the same decoding
+measured a loss) and the other side is probed at ``probe_min``. Steps in which a request
+prefills its prompt count too: requests arrive whatever the plan, so both sides get their share
+of them, and what speculation costs there (the drafters prefilling the prompt to score it, on the
+same machine as the verification) is part of what it costs.
 
 No threshold is set by hand: the rule compares two measured rates. The probing constants bound
 what a decision costs and how fast it follows a change (``GuardConfig``).
@@ -25,7 +29,9 @@ what a decision costs and how fast it follows a change (``GuardConfig``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import collections
+import statistics
+from dataclasses import dataclass
 from typing import Literal
 
 Decoding = Literal["greedy", "sampled", "mixed"]
@@ -39,47 +45,44 @@ class GuardConfig:
 
     enabled: bool = True
     """Off: the policy's plan always runs (the controller's prediction alone decides)."""
-    decay: float = 0.95
-    """Weight of the steps before each new one (per side and kind of step): an estimate follows
-    about the last 1 / (1 - decay) = 20 steps of its side."""
+    window: int = 16
+    """Steps of each side (per kind of step) whose median rate is compared."""
     min_steps: int = 4
     """Steps each side needs before the comparison decides."""
-    probe_min: int = 4
+    probe_min: int = 2
     """Steps between probes of the side not in use, after a reversal (and at the start)."""
     probe_max: int = 64
     """Longest interval between probes (one step in this many pays for watching)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.decay < 1.0 or self.min_steps < 1:
-            raise ValueError(f"invalid guard config {self}")
+        if self.window < 1 or not 1 <= self.min_steps <= self.window:
+            raise ValueError(f"guard needs 1 <= min_steps <= window, got {self}")
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"guard probes need 1 <= probe_min <= probe_max, got {self}")
 
 
-@dataclass
 class _Side:
-    """Discounted tokens and seconds of one side's steps."""
+    """The rates of one side's last steps."""
 
-    tokens: float = 0.0
-    seconds: float = 0.0
-    steps: int = 0
+    def __init__(self, window: int) -> None:
+        self.rates: collections.deque[float] = collections.deque(maxlen=window)
+        self.steps = 0
 
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
-        self.tokens = decay * self.tokens + tokens
-        self.seconds = decay * self.seconds + seconds
+    def add(self, tokens: int, seconds: float) -> None:
+        self.rates.append(tokens / seconds)
         self.steps += 1
 
     @property
     def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return statistics.median(self.rates) if self.rates else 0.0
 
 
 @dataclass
 class _Kind:
     """What the guard knows of one kind of step."""
 
-    spec: _Side = field(default_factory=_Side)
-    off: _Side = field(default_factory=_Side)
+    spec: _Side
+    off: _Side
     speculate: bool = True
     """The decision: run the plan (True) or plain steps."""
     interval: int = 0
@@ -105,8 +108,19 @@ class LossGuard:
     def _kind(self, kind: StepKind) -> _Kind:
         k = self._kinds.get(kind)
         if k is None:
-            k = self._kinds[kind] = _Kind(interval=self.cfg.probe_min)
+            w = self.cfg.window
+            k = self._kinds[kind] = _Kind(_Side(w), _Side(w), self._prior(kind),
+                                          interval=self.cfg.probe_min)
         return k
+
+    def _prior(self, kind: StepKind) -> bool:
+        """A new kind's first decision: plain steps if a smaller batch of the same decoding
+        already measured speculation at a loss (a step's tokens cost more as the batch grows),
+        else speculate."""
+        bucket, decoding = kind
+        return not any(b < bucket and d == decoding and not k.speculate
+                       and min(k.spec.steps, k.off.steps) >= self.cfg.min_steps
+                       for (b, d), k in self._kinds.items())
 
     def speculate(self, kind: StepKind) -> bool:
         """Whether the coming step of this kind runs the policy's plan (else plain steps): the
@@ -125,7 +139,7 @@ class LossGuard:
         if not self.cfg.enabled or seconds <= 0:
             return
         k = self._kind(kind)
-        (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
+        (k.spec if speculated else k.off).add(tokens, seconds)
         if min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
             return
         wins = k.spec.rate >= k.off.rate

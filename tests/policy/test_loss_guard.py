@@ -65,7 +65,7 @@ def test_disabled_it_always_speculates_and_learns_nothing() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
-        GuardConfig(window=4, min_steps=8)
+        GuardConfig(decay=1.0)
     with pytest.raises(ValueError):
         GuardConfig(probe_min=8, probe_max=4)
 
@@ -101,21 +101,17 @@ def test_the_learned_policy_runs_plain_steps_where_its_speculation_measured_less
     assert any(c.drafter for c in policy.choose(greedy, {"draft-code", PROMPT_LOOKUP}))
 
 
-def test_one_burst_of_prefills_does_not_sway_the_decision() -> None:
-    """A step in which 32 requests prefilled their prompts took 40 times a decoding step; the
-    median of each side's last steps ignores it, a mean would keep speculation on."""
-    guard = LossGuard(GuardConfig(min_steps=4, probe_min=2, window=16))
-    guard.observe(KIND, False, 8, 8 / 100.0 * 40)  # the burst, on a plain step
-    run(guard, 100, spec_rate=80.0, off_rate=100.0)
-    assert guard.rates()[KIND] == (pytest.approx(80.0), pytest.approx(100.0), False)
-
-
-def test_a_larger_batch_starts_plain_where_a_smaller_one_measured_a_loss() -> None:
-    guard = LossGuard(GuardConfig(min_steps=4, probe_min=2))
-    small, large, greedy = step_kind([False] * 8), step_kind([False] * 32), step_kind([True] * 32)
-    for _ in range(40):
-        spec = guard.speculate(small)
-        guard.observe(small, spec, 8, 8 / (80.0 if spec else 100.0))
-    assert guard.rates()[small][2] is False
-    assert guard.speculate(large) is False  # no step of it yet: it starts plain
-    assert guard.speculate(greedy) is True  # another decoding learns for itself
+def test_heavy_tailed_gains_count_by_their_sum() -> None:
+    """Most speculating steps accept nothing (9 tokens in 0.12 s, below plain steps' 8 in
+    0.1 s), one in four a whole chain (40 tokens): speculation pays 1.5x in all, and the guard
+    keeps it on (a median of per-step rates would call it a loss)."""
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4))
+    n = 0
+    for _ in range(200):
+        spec = guard.speculate(KIND)
+        if spec:
+            n += 1
+        guard.observe(KIND, spec, (40 if n % 4 == 0 else 9) if spec else 8,
+                      0.12 if spec else 0.1)
+    on, off, decision = guard.rates()[KIND]
+    assert on > 1.2 * off and decision is True

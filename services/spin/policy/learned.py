@@ -137,8 +137,9 @@ class LearnedPolicy:
 
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         states = [self._begin(r) for r in requests]
-        # the guard decides for and weighs the steps of requests in mode auto (loss_guard.py)
-        if all(r.mode == "auto" for r in requests):
+        # the guard decides for and weighs the steps of requests in mode auto past their
+        # prefill; a request's first step (its prompt fit) is the plan's (loss_guard.py)
+        if all(r.mode == "auto" and r.generated > 0 for r in requests):
             kind = step_kind([r.greedy for r in requests])
             if len(self._measured) > 64:  # steps that never reported (a failed step)
                 self._measured.clear()

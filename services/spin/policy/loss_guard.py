@@ -6,10 +6,9 @@ forward over ``B * (k + 1)`` tokens costs more than the start-up measurements sa
 request's drafts are accepted less than its scores suggest. So the learned policy also *measures*
 what speculation delivers. For each kind of step (``StepKind``: the micro-batch's size, rounded
 to a power of two, and whether its requests are greedy, sampled or mixed) the guard keeps the
-rates, tokens per second of step (the throughput that a mean latency is the inverse of), of the
-last ``window`` steps that speculated and of the last that did not, and compares their medians.
-A median, not a mean: one step in which a burst of requests prefilled their prompts takes many
-times a decoding step, and would sway a mean for as long as the side it fell on is not run.
+tokens and seconds of the steps that speculated and of those that did not, discounted so that
+they follow the load, and compares the two rates, tokens per second of step (the throughput that
+a mean latency is the inverse of).
 
 While speculation measures at least the rate of plain steps, the policy's plan runs; once it
 measures less, that kind of step runs without speculation (k = 0 for every request in mode auto).
@@ -17,11 +16,12 @@ The side not in use is probed with one step now and then, so a decision follows 
 first after ``probe_min`` steps, then at twice the interval after each probe that confirmed the
 decision, up to ``probe_max`` (a confirmed decision costs at most one step in ``probe_max``), and
 from ``probe_min`` again after a probe that reversed it. Until both sides have ``min_steps``
-steps, the first decision holds (speculate, unless a smaller batch of the same decoding
-measured a loss) and the other side is probed at ``probe_min``. Steps in which a request
-prefills its prompt count too: requests arrive whatever the plan, so both sides get their share
-of them, and what speculation costs there (the drafters prefilling the prompt to score it, on the
-same machine as the verification) is part of what it costs.
+steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
+prefills its prompt are neither decided nor counted: the plan runs there (a request's first step
+is its prompt fit, what the policy learns the request from), and their time is the prompt's.
+Tried, one ``spin bench grid`` run each, and worse there: counting those steps (a burst of prefills then
+sways a side's sums), medians of per-step rates (a drafter's gains are heavy-tailed: greedy
+prompt lookup at one request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
 
 No threshold is set by hand: the rule compares two measured rates. The probing constants bound
 what a decision costs and how fast it follows a change (``GuardConfig``).
@@ -29,9 +29,7 @@ what a decision costs and how fast it follows a change (``GuardConfig``).
 
 from __future__ import annotations
 
-import collections
-import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Decoding = Literal["greedy", "sampled", "mixed"]
@@ -45,44 +43,47 @@ class GuardConfig:
 
     enabled: bool = True
     """Off: the policy's plan always runs (the controller's prediction alone decides)."""
-    window: int = 16
-    """Steps of each side (per kind of step) whose median rate is compared."""
+    decay: float = 0.95
+    """Weight of the steps before each new one (per side and kind of step): an estimate follows
+    about the last 1 / (1 - decay) = 20 steps of its side."""
     min_steps: int = 4
     """Steps each side needs before the comparison decides."""
-    probe_min: int = 2
+    probe_min: int = 4
     """Steps between probes of the side not in use, after a reversal (and at the start)."""
     probe_max: int = 64
     """Longest interval between probes (one step in this many pays for watching)."""
 
     def __post_init__(self) -> None:
-        if self.window < 1 or not 1 <= self.min_steps <= self.window:
-            raise ValueError(f"guard needs 1 <= min_steps <= window, got {self}")
+        if not 0.0 < self.decay < 1.0 or self.min_steps < 1:
+            raise ValueError(f"invalid guard config {self}")
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"guard probes need 1 <= probe_min <= probe_max, got {self}")
 
 
+@dataclass
 class _Side:
-    """The rates of one side's last steps."""
+    """Discounted tokens and seconds of one side's steps."""
 
-    def __init__(self, window: int) -> None:
-        self.rates: collections.deque[float] = collections.deque(maxlen=window)
-        self.steps = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
 
-    def add(self, tokens: int, seconds: float) -> None:
-        self.rates.append(tokens / seconds)
+    def add(self, tokens: int, seconds: float, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
         self.steps += 1
 
     @property
     def rate(self) -> float:
-        return statistics.median(self.rates) if self.rates else 0.0
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass
 class _Kind:
     """What the guard knows of one kind of step."""
 
-    spec: _Side
-    off: _Side
+    spec: _Side = field(default_factory=_Side)
+    off: _Side = field(default_factory=_Side)
     speculate: bool = True
     """The decision: run the plan (True) or plain steps."""
     interval: int = 0
@@ -108,19 +109,8 @@ class LossGuard:
     def _kind(self, kind: StepKind) -> _Kind:
         k = self._kinds.get(kind)
         if k is None:
-            w = self.cfg.window
-            k = self._kinds[kind] = _Kind(_Side(w), _Side(w), self._prior(kind),
-                                          interval=self.cfg.probe_min)
+            k = self._kinds[kind] = _Kind(interval=self.cfg.probe_min)
         return k
-
-    def _prior(self, kind: StepKind) -> bool:
-        """A new kind's first decision: plain steps if a smaller batch of the same decoding
-        already measured speculation at a loss (a step's tokens cost more as the batch grows),
-        else speculate."""
-        bucket, decoding = kind
-        return not any(b < bucket and d == decoding and not k.speculate
-                       and min(k.spec.steps, k.off.steps) >= self.cfg.min_steps
-                       for (b, d), k in self._kinds.items())
 
     def speculate(self, kind: StepKind) -> bool:
         """Whether the coming step of this kind runs the policy's plan (else plain steps): the
@@ -139,7 +129,7 @@ class LossGuard:
         if not self.cfg.enabled or seconds <= 0:
             return
         k = self._kind(kind)
-        (k.spec if speculated else k.off).add(tokens, seconds)
+        (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
         if min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
             return
         wins = k.spec.rate >= k.off.rate

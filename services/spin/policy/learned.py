@@ -134,18 +134,18 @@ class LearnedPolicy:
         return self._state(r.request_id)
 
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
-
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         states = [self._begin(r) for r in requests]
-        # the guard decides for and weighs the steps of requests in mode auto past their
-        # prefill; a request's first step (its prompt fit) is the plan's (loss_guard.py)
+        # the guard decides for and weighs steps in mode auto past every prefill (loss_guard.py)
         if all(r.mode == "auto" and r.generated > 0 for r in requests):
             kind = step_kind([r.greedy for r in requests])
-            if len(self._measured) > 64:  # steps that never reported (a failed step)
-                self._measured.clear()
+            if len(self._measured) > 64:  # steps that never reported (a failed step): forget
+                self._measured = {}
             self._measured[tuple(r.request_id for r in requests)] = kind
-            if not self.guard.speculate(kind):
-                return StepPlan([StepChoice(None)] * len(requests))
+            if not self.guard.speculate(kind):  # plain: k = 0 for all, predicted as such
+                plain, zero = [StepChoice(None)] * len(requests), [True] * len(requests)
+                batch = [(r.request_id, None, r.context_len) for r in requests]
+                return StepPlan(plain, self._prediction(requests, states, plain, batch, zero, 0))
         cands, drafters = self._drafters(requests, states, available)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k

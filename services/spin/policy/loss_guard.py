@@ -19,8 +19,8 @@ from ``probe_min`` again after a probe that reversed it. Until both sides have `
 steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
 prefills its prompt are neither decided nor counted: the plan runs there (a request's first step
 is its prompt fit, what the policy learns the request from), and their time is the prompt's.
-Tried, one ``spin bench grid`` run each, and worse there: counting those steps (a burst of prefills then
-sways a side's sums), medians of per-step rates (a drafter's gains are heavy-tailed: greedy
+Tried, one ``spin bench grid`` run each, and worse there: counting those steps (a burst of prefills
+then sways a side's sums), medians of per-step rates (a drafter's gains are heavy-tailed: greedy
 prompt lookup at one request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
 
 No threshold is set by hand: the rule compares two measured rates. The probing constants bound

@@ -41,12 +41,17 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
 @pytest.fixture(scope="session")
 def serving(tmp_path_factory: pytest.TempPathFactory):
     """The embedded deployment (verifier, one drafter per draft model, router, redis-server) as
-    real processes on loopback ports, shared by the service tests."""
+    real processes on loopback ports, shared by the service tests.
+
+    The learned policy's loss guard is off here: it decides from the step times it measures,
+    which follow whatever else the machine runs, and a test's drafters must not depend on that
+    (``tests/policy/test_loss_guard.py`` and ``test_learned.py`` cover the guard)."""
     from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
-    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"),
-                               router=RouterConfig(scheduler=SchedulerConfig(max_batch=32))))
+    router = RouterConfig(scheduler=SchedulerConfig(max_batch=32),
+                          policy_config={"guard": {"enabled": False}})
+    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"), router=router))
     emb.start()
     assert emb.redis is not None, "the service tests need redis-server (make test installs it)"
     yield emb

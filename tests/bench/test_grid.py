@@ -44,3 +44,16 @@ def test_the_command_refuses_what_it_cannot_run() -> None:
         r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", *args],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+def test_tuning_runs_time_other_prompts_than_the_reported_ones() -> None:
+    """``--split tuning`` (for runs that choose code or constants) never times a prompt of the
+    evaluation half, of either prompt set."""
+    from spin.bench.grid import _rows
+    from spin.cli import parser
+
+    assert parser().parse_args(["bench", "grid", "--split", "tuning"]).split == "tuning"
+    for prompts in ("short", "long"):
+        tuning = {r.prompt for r in _rows(GridConfig(split="tuning"), prompts, 64)}
+        evaluation = {r.prompt for r in _rows(GridConfig(), prompts, 64)}
+        assert tuning and evaluation and not tuning & evaluation, prompts

@@ -57,10 +57,10 @@ def test_a_change_of_load_reverses_the_decision() -> None:
     assert guard.rates()[KIND][2] is False
 
 
-def test_disabled_it_always_speculates_and_learns_nothing() -> None:
+def test_disabled_it_always_speculates_and_still_measures() -> None:
     guard = LossGuard(GuardConfig(enabled=False))
     assert run(guard, 50, spec_rate=1.0, off_rate=100.0) == [True] * 50
-    assert guard.rates() == {}
+    assert guard.rates() == {KIND: (pytest.approx(1.0), 0.0, True)}
 
 
 def test_bad_settings_are_refused() -> None:
@@ -115,3 +115,30 @@ def test_heavy_tailed_gains_count_by_their_sum() -> None:
                       0.12 if spec else 0.1)
     on, off, decision = guard.rates()[KIND]
     assert on > 1.2 * off and decision is True
+
+
+def test_a_plain_decision_holds_in_steps_where_a_request_prefills() -> None:
+    """Once plain steps measure more, a request that arrives keeps its first step (its prompt
+    fit: the prompt scored by the drafters), the others in that step still run plain, and
+    the step, whose time is the prompt's, is not weighed on either side."""
+    policy = LearnedPolicy(learned_config({"trees": False}), _cost())
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
+    for _ in range(40):
+        plan = policy.choose(views, {"draft-code", PROMPT_LOOKUP})
+        spec = any(c.drafter for c in plan)
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
+                         for v, c in zip(views, plan))
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
+    kind = step_kind([False] * 5)  # the same kind as 4 requests'
+    assert policy.guard.rates()[kind][2] is False
+    before = policy.guard.rates().get(kind)
+    arrived = RequestView("new", 300, 0, 200, False)
+    for _ in range(3):
+        plan = policy.choose([*views, arrived], {"draft-code", PROMPT_LOOKUP})
+        assert [c.drafter for c in plan[:4]] == [None] * 4 and all(c.k == 0 for c in plan[:4])
+        assert not any(c.score for c in plan[:4])
+        assert plan[4].score == ("draft-code",)  # its prompt fit: the prompt scored
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
+                         for v, c in zip([*views, arrived], plan))
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.2, 0.2))
+    assert policy.guard.rates().get(kind) == before  # prefill steps are not weighed

@@ -11,9 +11,9 @@ cells the outputs that differ from off's (lossless: must be 0).
 
 Prompts: ``short`` are the demo family's held-out prompts, ``long`` a dataset of at least 200
 tokens per prompt, by default ``benchmarks/datasets/unseen-long.jsonl`` (``spin bench dataset``:
-text from outside the demo corpus). Both are timed on their **evaluation** half only; tuning
-tools use the other half. Temperature 0.8 samples with top-p 0.95, request ``i`` with seed
-``seed + i`` in every mode.
+text from outside the demo corpus). Both are timed on their **evaluation** half; ``--split
+tuning`` times the other half, for runs that choose code or constants. Temperature 0.8 samples
+with top-p 0.95, request ``i`` with seed ``seed + i`` in every mode.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
@@ -53,6 +54,9 @@ class GridConfig:
     fixed: tuple[str, int] | None = None
     """A fixed configuration to compare too (drafter, k; its chain stops early as the policy's
     do), e.g. the best single one chosen on the tuning split."""
+    split: Literal["evaluation", "tuning"] = "evaluation"
+    """The half of both prompt sets that is timed: tuning runs (choosing code or constants) use
+    ``tuning``, reported figures ``evaluation``."""
     seed: int = 0
     policy_config: dict = field(default_factory=dict)
     """Overrides of the learned policy's settings (``learned_config``)."""
@@ -68,8 +72,8 @@ class GridConfig:
 
 def _rows(cfg: GridConfig, prompts: str, n: int) -> list[Request]:
     if prompts == "short":
-        return build_workload(n, seed=cfg.seed, family_dir=cfg.family_dir, split="evaluation")
-    return build_workload(n, seed=cfg.seed, rows=read_prompts(cfg.dataset), split="evaluation")
+        return build_workload(n, seed=cfg.seed, family_dir=cfg.family_dir, split=cfg.split)
+    return build_workload(n, seed=cfg.seed, rows=read_prompts(cfg.dataset), split=cfg.split)
 
 
 def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str,
@@ -125,7 +129,7 @@ def run_grid(cfg: GridConfig) -> dict:
                        "concurrencies": list(cfg.concurrencies),
                        "temperatures": list(cfg.temperatures), "dataset": str(cfg.dataset),
                        "fixed": list(cfg.fixed) if cfg.fixed else None,
-                       "policy_config": cfg.policy_config, "split": "evaluation"},
+                       "policy_config": cfg.policy_config, "split": cfg.split},
             "cells": cells, "min_auto_over_off": min(ratios),
             "median_auto_over_off": statistics.median(ratios),
             "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells)}

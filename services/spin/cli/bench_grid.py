@@ -50,7 +50,10 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
                     help="short (the demo's held-out prompts), long (--dataset), or both")
     bg.add_argument("--dataset", type=Path, default=None,
                     help="the long prompts (JSON Lines; default benchmarks/datasets/"
-                    "unseen-long.jsonl); only rows of its evaluation split are timed")
+                    "unseen-long.jsonl); only rows of the --split are timed")
+    bg.add_argument("--split", choices=("evaluation", "tuning"), default="evaluation",
+                    help="the prompts' half that is timed: tuning for runs that choose code or "
+                    "constants, evaluation (default) for reported figures")
     bg.add_argument("--fixed", default=None, metavar="DRAFTER:K",
                     help="a fixed configuration to compare too, chosen on the tuning split")
     bg.add_argument("--policy-config", default=None,
@@ -93,7 +96,8 @@ def _bench_grid(args: argparse.Namespace) -> int:
         return fail("bench grid", e)
     report = run_grid(GridConfig(args.family_dir, args.quick, args.concurrency,
                                  args.temperatures, dataset=args.dataset or DEFAULT_OUT,
-                                 prompt_sets=prompts, fixed=fixed, policy_config=overrides))
+                                 prompt_sets=prompts, fixed=fixed, split=args.split,
+                                 policy_config=overrides))
     print(table(report))
     print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
           f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "

@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from ..timing.cost_model import CostModel
 from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
 from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
-from .loss_guard import LossGuard, StepKind, step_kind
+from .loss_guard import LossGuard, StepKind
 from .outcome import RequestOutcome, Score, StepOutcome
 from .population import PopulationFeed, StepStats, population_from_stats
 from .prompt_fit import PromptFit
@@ -101,9 +102,6 @@ class LearnedPolicy:
         """How often each drafter's second choice is the target's token (``tree_choice.py``)."""
         self.guard = LossGuard(self.cfg.guard)
         """Speculation measured against plain steps (``loss_guard.py``)."""
-        self._measured: dict[tuple[str, ...], StepKind] = {}
-        """Micro-batch (its request ids) -> the kind of step the guard weighs it as, from
-        ``choose`` to ``observe``."""
         self.population = (PopulationFeed(population, self._set_population, self.cfg.refresh_s)
                            if population is not None else None)
         """The population statistics, re-read in the background (``population.py``)."""
@@ -136,16 +134,8 @@ class LearnedPolicy:
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
     def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
         states = [self._begin(r) for r in requests]
-        # the guard decides for and weighs steps in mode auto past every prefill (loss_guard.py)
-        if all(r.mode == "auto" and r.generated > 0 for r in requests):
-            kind = step_kind([r.greedy for r in requests])
-            if len(self._measured) > 64:  # steps that never reported (a failed step): forget
-                self._measured = {}
-            self._measured[tuple(r.request_id for r in requests)] = kind
-            if not self.guard.speculate(kind):  # plain: k = 0 for all, predicted as such
-                plain, zero = [StepChoice(None)] * len(requests), [True] * len(requests)
-                batch = [(r.request_id, None, r.context_len) for r in requests]
-                return StepPlan(plain, self._prediction(requests, states, plain, batch, zero, 0))
+        plain = self.guard.plain(requests)  # the loss guard's plain requests: mode off now
+        requests = [replace(r, mode="off") if p else r for r, p in zip(requests, plain)]
         cands, drafters = self._drafters(requests, states, available)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
@@ -164,7 +154,8 @@ class LearnedPolicy:
                     and not shape else 0.0)
             out.append(StepChoice(d, k, shape, score=score, stop_below=stop)
                        if d is not None and k > 0 else StepChoice(None, score=score))
-        return StepPlan(out, self._prediction(requests, states, out, batch, policy_k, prefill))
+        predicted = [k or p for k, p in zip(policy_k, plain)]  # a guard's k = 0 is predicted
+        return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill))
 
     def _drafters(self, requests: list[RequestView], states: list[RequestState],
                   available: set[str]) -> tuple[dict[str, set[str]], list[str | None]]:
@@ -297,10 +288,7 @@ class LearnedPolicy:
                 self._observe_request(r, outcome.draft_wait_s, outcome.verify_wait_s)
         if outcome.prediction is not None and outcome.prediction.step_s > 0:
             self._calibrate(outcome.prediction, outcome.draft_s, outcome.rest_s)
-        kind = self._measured.pop(tuple(r.request_id for r in outcome.requests), None)
-        if kind is not None and all(r.verified for r in outcome.requests):
-            self.guard.observe(kind, any(r.choice.drafter for r in outcome.requests),
-                               sum(r.emitted for r in outcome.requests), outcome.step_s)
+        self.guard.weigh(outcome)
 
     def _observe_request(self, r: RequestOutcome, draft_s: float, verify_s: float) -> None:
         """One request's step (``draft_s`` + ``verify_s``: what it waited). With ``ranks``

@@ -17,8 +17,9 @@ first after ``probe_min`` steps, then at twice the interval after each probe tha
 decision, up to ``probe_max`` (a confirmed decision costs at most one step in ``probe_max``), and
 from ``probe_min`` again after a probe that reversed it. Until both sides have ``min_steps``
 steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
-prefills its prompt are neither decided nor counted: the plan runs there (a request's first step
-is its prompt fit, what the policy learns the request from), and their time is the prompt's.
+prefills its prompt are not counted (their time is the prompt's) and probe nothing, but the
+decision holds there for the requests past their prefill; the prefilling request's first step
+runs its plan (its prompt fit, what the policy learns the request from).
 Tried, one ``spin bench grid`` run each, and worse there: counting those steps (a burst of prefills
 then sways a side's sums), medians of per-step rates (a drafter's gains are heavy-tailed: greedy
 prompt lookup at one request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
@@ -29,8 +30,11 @@ what a decision costs and how fast it follows a change (``GuardConfig``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
+
+from .outcome import StepOutcome
 
 Decoding = Literal["greedy", "sampled", "mixed"]
 StepKind = tuple[int, Decoding]
@@ -42,7 +46,8 @@ class GuardConfig:
     """How the guard measures and probes."""
 
     enabled: bool = True
-    """Off: the policy's plan always runs (the controller's prediction alone decides)."""
+    """Off: the policy's plan always runs (the controller's prediction alone decides); the
+    steps are still measured (``rates``, the metrics)."""
     decay: float = 0.95
     """Weight of the steps before each new one (per side and kind of step): an estimate follows
     about the last 1 / (1 - decay) = 20 steps of its side."""
@@ -92,6 +97,15 @@ class _Kind:
     """Steps since the last probe."""
 
 
+class GuardedRequest(Protocol):
+    """What the guard reads of a request in a step (``base.RequestView``)."""
+
+    request_id: str
+    generated: int
+    greedy: bool
+    mode: str
+
+
 def step_kind(greedy: list[bool]) -> StepKind:
     """The kind of a micro-batch of requests with these decodings."""
     decoding: Decoding = ("greedy" if all(greedy) else "sampled" if not any(greedy)
@@ -105,6 +119,34 @@ class LossGuard:
     def __init__(self, cfg: GuardConfig | None = None) -> None:
         self.cfg = cfg or GuardConfig()
         self._kinds: dict[StepKind, _Kind] = {}
+        self._weighed: dict[tuple[str, ...], StepKind] = {}
+        """Micro-batch (its request ids) -> the kind of step it is weighed as, from ``plain``
+        to ``weigh``."""
+
+    def plain(self, requests: Sequence[GuardedRequest]) -> list[bool]:
+        """The requests of a coming step that run plain (k = 0): in a step of requests all in
+        mode auto, those past their prefill where the step's kind measures speculation at a
+        loss. A step without a prefill is decided (probes too) and weighed when it reports
+        (``weigh``); where a request prefills, the decision holds and the step is not weighed."""
+        if not all(r.mode == "auto" for r in requests):
+            return [False] * len(requests)
+        kind = step_kind([r.greedy for r in requests])
+        if any(r.generated == 0 for r in requests):
+            speculate = self._kind(kind).speculate
+        else:
+            if len(self._weighed) > 64:  # steps that never reported (a failed step): forget
+                self._weighed = {}
+            self._weighed[tuple(r.request_id for r in requests)] = kind
+            speculate = self.speculate(kind)
+        return [not speculate and r.generated > 0 for r in requests]
+
+    def weigh(self, outcome: StepOutcome) -> None:
+        """A step ``plain`` decided has run: its tokens and seconds on its side, when every
+        request in it was verified."""
+        kind = self._weighed.pop(tuple(r.request_id for r in outcome.requests), None)
+        if kind is not None and all(r.verified for r in outcome.requests):
+            self.observe(kind, any(r.choice.drafter for r in outcome.requests),
+                         sum(r.emitted for r in outcome.requests), outcome.step_s)
 
     def _kind(self, kind: StepKind) -> _Kind:
         k = self._kinds.get(kind)
@@ -126,11 +168,11 @@ class LossGuard:
 
     def observe(self, kind: StepKind, speculated: bool, tokens: int, seconds: float) -> None:
         """A step of this kind ran, speculating or not, and gave ``tokens`` in ``seconds``."""
-        if not self.cfg.enabled or seconds <= 0:
+        if seconds <= 0:
             return
         k = self._kind(kind)
         (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
-        if min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
+        if not self.cfg.enabled or min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
             return
         wins = k.spec.rate >= k.off.rate
         if speculated != k.speculate:  # a probe: did it confirm the decision?

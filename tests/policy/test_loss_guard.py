@@ -118,9 +118,9 @@ def test_heavy_tailed_gains_count_by_their_sum() -> None:
 
 
 def test_a_plain_decision_holds_in_steps_where_a_request_prefills() -> None:
-    """Once plain steps measure more, a request that arrives keeps its first step (its prompt
-    fit: the prompt scored by the drafters), the others in that step still run plain, and
-    the step, whose time is the prompt's, is not weighed on either side."""
+    """Once plain steps measure more, a step in which a request arrives runs plain too, the
+    arriving request included (no prompt scored), and the step, whose time is the prompt's,
+    is not weighed on either side."""
     policy = LearnedPolicy(learned_config({"trees": False}), _cost())
     views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
     for _ in range(40):
@@ -131,14 +131,43 @@ def test_a_plain_decision_holds_in_steps_where_a_request_prefills() -> None:
         policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
     kind = step_kind([False] * 5)  # the same kind as 4 requests'
     assert policy.guard.rates()[kind][2] is False
-    before = policy.guard.rates().get(kind)
-    arrived = RequestView("new", 300, 0, 200, False)
-    for _ in range(3):
-        plan = policy.choose([*views, arrived], {"draft-code", PROMPT_LOOKUP})
-        assert [c.drafter for c in plan[:4]] == [None] * 4 and all(c.k == 0 for c in plan[:4])
-        assert not any(c.score for c in plan[:4])
-        assert plan[4].score == ("draft-code",)  # its prompt fit: the prompt scored
+    before = policy.guard.rates()[kind]
+    batch = [*views, RequestView("new", 300, 0, 200, False)]
+    for _ in range(8):  # more than a probe interval: a step with a prefill probes nothing
+        plan = policy.choose(batch, {"draft-code", PROMPT_LOOKUP})
+        assert all(c.drafter is None and c.k == 0 and not c.score for c in plan)
         outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
-                         for v, c in zip([*views, arrived], plan))
+                         for v, c in zip(batch, plan))
         policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.2, 0.2))
-    assert policy.guard.rates().get(kind) == before  # prefill steps are not weighed
+    assert policy.guard.rates()[kind] == before  # prefill steps are not weighed
+
+
+def test_a_probe_of_speculation_carries_no_scoring_and_expensive_probes_come_rarely() -> None:
+    """Plain steps decided, a probe speculates without the policy's scoring calls; a probe that
+    costs 25 plain steps' time more than a plain step is next repeated no sooner than that cost
+    over ``probe_budget`` of a plain step (1250 steps at 2%), here ``probe_max``."""
+    policy = LearnedPolicy(learned_config({"trees": False}), _cost())
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
+    kinds = []
+    for _ in range(80):
+        plan = policy.choose(views, {"draft-code", PROMPT_LOOKUP})
+        spec = any(c.drafter for c in plan)
+        decided = policy.guard.rates().get(step_kind([False] * 4), (0, 0, True))[2]
+        if spec and not decided:
+            assert policy.guard.probing and not any(c.score for c in plan)
+        kinds.append(spec)
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
+                         for v, c in zip(views, plan))
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.26 if spec else 0.01))
+    assert sum(kinds[40:]) == 0  # after the learning and one confirming probe: no more probes
+    assert policy.guard._kinds[step_kind([False] * 4)].interval == GuardConfig().probe_max
+
+
+def test_a_new_batch_size_starts_from_the_nearest_decided_one_of_its_decoding() -> None:
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=2))
+    for _ in range(12):  # batch 8 of sampled requests: speculation measures a loss
+        spec = guard.speculate(KIND)
+        guard.observe(KIND, spec, 8, 0.2 if spec else 0.1)
+    assert guard.rates()[KIND][2] is False
+    assert guard.speculate(step_kind([False] * 16)) is False  # bigger batch: plain at once
+    assert guard.speculate(step_kind([True] * 16)) is True  # greedy has no measure yet

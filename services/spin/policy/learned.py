@@ -146,7 +146,8 @@ class LearnedPolicy:
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
         out = []
         for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
-            score = self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available)
+            score = (() if self.guard.probing else  # a probe measures speculation alone
+                     self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available))
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True

@@ -13,16 +13,22 @@ a mean latency is the inverse of).
 While speculation measures at least the rate of plain steps, the policy's plan runs; once it
 measures less, that kind of step runs without speculation (k = 0 for every request in mode auto).
 The side not in use is probed with one step now and then, so a decision follows the traffic:
-first after ``probe_min`` steps, then at twice the interval after each probe that confirmed the
-decision, up to ``probe_max`` (a confirmed decision costs at most one step in ``probe_max``), and
-from ``probe_min`` again after a probe that reversed it. Until both sides have ``min_steps``
-steps, the plan runs and plain steps are probed at ``probe_min``. Steps in which a request
-prefills its prompt are not counted (their time is the prompt's) and probe nothing, but the
-decision holds there for the requests past their prefill; the prefilling request's first step
-runs its plan (its prompt fit, what the policy learns the request from).
-Tried, one ``spin bench grid`` run each, and worse there: counting those steps (a burst of prefills
-then sways a side's sums), medians of per-step rates (a drafter's gains are heavy-tailed: greedy
-prompt lookup at one request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
+first after ``probe_min`` steps, then, after each probe that confirmed the decision, at twice the
+interval or at what keeps the probes' cost within ``probe_budget`` of the time, whichever is
+longer, up to ``probe_max``; from ``probe_min`` again after a probe that reversed it. A probe of
+speculation runs without the policy's scoring calls (on a 2-core CPU a probe at batch 32 with
+the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a plain step).
+A new kind of step starts from the decision of the nearest batch size of its decoding that both
+sides have measured (else speculating), and probes the other side at ``probe_min`` until both
+have ``min_steps`` steps. Steps in which a request prefills its prompt are not counted (their
+time is the prompt's) and probe nothing, but the decision holds there for every request, the
+prefilling ones too: a plain step scores no prompt (scoring 31 prompts of 270 tokens with four
+drafters beside their prefill made that step 1.6x longer on a 2-core CPU), and a request that
+meets speculation later chooses among all drafters by their population statistics.
+Tried, one ``spin bench grid`` run each (on its evaluation prompts: the grid had no tuning split
+yet), and worse there: counting those steps (a burst of prefills then sways a side's sums),
+medians of per-step rates (a drafter's gains are heavy-tailed: greedy prompt lookup at one
+request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
 
 No threshold is set by hand: the rule compares two measured rates. The probing constants bound
 what a decision costs and how fast it follows a change (``GuardConfig``).
@@ -30,6 +36,7 @@ what a decision costs and how fast it follows a change (``GuardConfig``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -55,12 +62,20 @@ class GuardConfig:
     """Steps each side needs before the comparison decides."""
     probe_min: int = 4
     """Steps between probes of the side not in use, after a reversal (and at the start)."""
-    probe_max: int = 64
-    """Longest interval between probes (one step in this many pays for watching)."""
+    probe_max: int = 256
+    """Longest interval between probes."""
+    probe_budget: float = 0.02
+    """Share of the time that probing may cost: after a probe that confirmed the decision, the
+    next one comes no sooner than the probe's time beyond a step of the decided side divided by
+    ``probe_budget`` times that step's time (a probe of speculation in a large batch makes every
+    drafter catch up with every request's context: on a 2-core CPU at batch 32 it took 0.6 s
+    against 0.1 s for a plain step, so it waits 250 steps; a cheap one doubles its interval)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay < 1.0 or self.min_steps < 1:
             raise ValueError(f"invalid guard config {self}")
+        if not 0.0 < self.probe_budget < 1.0:
+            raise ValueError(f"guard probe_budget must be in (0, 1), got {self.probe_budget}")
         if not 1 <= self.probe_min <= self.probe_max:
             raise ValueError(f"guard probes need 1 <= probe_min <= probe_max, got {self}")
 
@@ -71,12 +86,20 @@ class _Side:
 
     tokens: float = 0.0
     seconds: float = 0.0
+    weight: float = 0.0
+    """Discounted count of the steps."""
     steps: int = 0
 
     def add(self, tokens: int, seconds: float, decay: float) -> None:
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
+        self.weight = decay * self.weight + 1.0
         self.steps += 1
+
+    @property
+    def step_s(self) -> float:
+        """Mean seconds of a step."""
+        return self.seconds / self.weight if self.weight > 0 else 0.0
 
     @property
     def rate(self) -> float:
@@ -95,6 +118,10 @@ class _Kind:
     """Steps between probes now."""
     since_probe: int = 0
     """Steps since the last probe."""
+
+    def decided(self, min_steps: int) -> bool:
+        """Both sides measured enough for the comparison."""
+        return min(self.spec.steps, self.off.steps) >= min_steps
 
 
 class GuardedRequest(Protocol):
@@ -122,12 +149,17 @@ class LossGuard:
         self._weighed: dict[tuple[str, ...], StepKind] = {}
         """Micro-batch (its request ids) -> the kind of step it is weighed as, from ``plain``
         to ``weigh``."""
+        self.probing = False
+        """The step ``plain`` last decided speculates where the decision is plain steps: a
+        probe, which the policy runs without its scoring calls (they are not speculation's
+        cost; a request's scoring waits for a step that speculates by decision)."""
 
     def plain(self, requests: Sequence[GuardedRequest]) -> list[bool]:
-        """The requests of a coming step that run plain (k = 0): in a step of requests all in
-        mode auto, those past their prefill where the step's kind measures speculation at a
-        loss. A step without a prefill is decided (probes too) and weighed when it reports
-        (``weigh``); where a request prefills, the decision holds and the step is not weighed."""
+        """The requests of a coming step that run plain (k = 0, no scoring): all of a step of
+        requests all in mode auto whose kind measures speculation at a loss. A step without a
+        prefill is decided (probes too) and weighed when it reports (``weigh``); where a
+        request prefills, the decision holds and the step is not weighed."""
+        self.probing = False
         if not all(r.mode == "auto" for r in requests):
             return [False] * len(requests)
         kind = step_kind([r.greedy for r in requests])
@@ -138,7 +170,8 @@ class LossGuard:
                 self._weighed = {}
             self._weighed[tuple(r.request_id for r in requests)] = kind
             speculate = self.speculate(kind)
-        return [not speculate and r.generated > 0 for r in requests]
+            self.probing = speculate and not self._kind(kind).speculate
+        return [not speculate] * len(requests)
 
     def weigh(self, outcome: StepOutcome) -> None:
         """A step ``plain`` decided has run: its tokens and seconds on its side, when every
@@ -149,9 +182,16 @@ class LossGuard:
                          sum(r.emitted for r in outcome.requests), outcome.step_s)
 
     def _kind(self, kind: StepKind) -> _Kind:
+        """The kind's record; a new kind starts from the decision of the nearest batch size
+        of its decoding that both sides have measured (speculation's gain changes slowly with
+        the batch size), else speculating."""
         k = self._kinds.get(kind)
         if k is None:
-            k = self._kinds[kind] = _Kind(interval=self.cfg.probe_min)
+            near = sorted((abs(b - kind[0]), -b, known.speculate)
+                          for (b, decoding), known in self._kinds.items()
+                          if decoding == kind[1] and known.decided(self.cfg.min_steps))
+            k = self._kinds[kind] = _Kind(speculate=near[0][2] if near else True,
+                                          interval=self.cfg.probe_min)
         return k
 
     def speculate(self, kind: StepKind) -> bool:
@@ -172,12 +212,15 @@ class LossGuard:
             return
         k = self._kind(kind)
         (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
-        if not self.cfg.enabled or min(k.spec.steps, k.off.steps) < self.cfg.min_steps:
+        if not self.cfg.enabled or not k.decided(self.cfg.min_steps):
             return
         wins = k.spec.rate >= k.off.rate
         if speculated != k.speculate:  # a probe: did it confirm the decision?
             if wins == k.speculate:
-                k.interval = min(2 * k.interval, self.cfg.probe_max)
+                decided = k.spec if k.speculate else k.off
+                extra = seconds - decided.step_s  # what the probe cost beyond such a step
+                paid = math.ceil(extra / (self.cfg.probe_budget * decided.step_s))
+                k.interval = min(max(2 * k.interval, paid), self.cfg.probe_max)
             else:
                 k.interval = self.cfg.probe_min
         k.speculate = wins

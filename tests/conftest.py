@@ -11,6 +11,19 @@ from spin.zoo.report import family_members, load_model
 from spin.zoo.specs import FAMILY_DIR
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip on a machine without a CUDA device (``scripts/gpu-check``
+    runs them where there is one: ``pytest -m cuda``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (scripts/gpu-check runs it on a GPU)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def family_dir() -> Path:
     assert (FAMILY_DIR / "target" / "config.json").exists(), f"no demo family at {FAMILY_DIR}"

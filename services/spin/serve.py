@@ -154,6 +154,8 @@ def runner_argv(runner: RunnerConfig) -> list[str]:
         argv += ["--max-model-len", str(runner.max_model_len)]
     if runner.quantize != "none":
         argv += ["--quantize", runner.quantize]
+    argv += ["--cuda-graphs" if runner.cuda_graphs else "--no-cuda-graphs",
+             "--compile" if runner.compile else "--no-compile", "--attention", runner.attention]
     return argv
 
 

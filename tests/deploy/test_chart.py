@@ -356,6 +356,20 @@ def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
         "--gpu-memory-utilization": "0.5", "--kv-cache-memory": "1.5G", "--max-model-len": "4096"}
 
 
+def test_cuda_graphs_compile_and_attention_flags_have_defaults_and_follow_overrides() -> None:
+    docs = render_set("default")
+    args = main_container(docs, "spin-verifier")["args"]
+    assert "--cuda-graphs" in args and "--no-compile" in args
+    assert flag(args, "--attention") == "sdpa"
+    pool = [{"name": "eager", "model": "m", "cudaGraphs": False, "compile": True,
+             "attention": "flex"}]
+    docs = render("--set", "verifier.cudaGraphs=false", "--set-json", "drafters=" + json.dumps(pool))
+    assert "--no-cuda-graphs" in main_container(docs, "spin-verifier")["args"]
+    drafter = main_container(docs, "spin-drafter-eager")["args"]
+    assert "--no-cuda-graphs" in drafter and "--compile" in drafter
+    assert flag(drafter, "--attention") == "flex"
+
+
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_the_cli_accepts_every_rendered_command_line(value_set: str) -> None:
     """Each SPIN container's args parse with the real `spin` parser (chart and CLI agree)."""

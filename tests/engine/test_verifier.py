@@ -247,3 +247,23 @@ def test_seeded_sampling_is_the_same_when_preempted(tiny_engine: SpecEngine, fam
     assert crowd[-1].tokens == alone
     again = tiny_engine.generate([x])[0].tokens
     assert again == alone
+
+
+def test_started_steps_finish_as_verify_would(family_dir: Path) -> None:
+    """``start`` queues a step, ``finish`` commits it (once, however often it is asked); two
+    steps of disjoint requests started back to back give what ``verify`` gives one by one."""
+    make = lambda: Verifier(ModelRunner(family_dir / "target", max_seqs=SLOTS,  # noqa: E731
+                                        kv_cache_bytes=64 * TBLOCK))
+    ids = [tuple(range(5, 25)), tuple(range(40, 57))]
+    one_by_one, interleaved = make(), make()
+    want = [[one_by_one.verify([VerifyRequest(f"r{i}", p, EMPTY)])[0].tokens for i, p in
+             enumerate(ids)]]
+    first = interleaved.start([VerifyRequest("r0", ids[0], EMPTY)])
+    second = interleaved.start([VerifyRequest("r1", ids[1], EMPTY)])
+    assert first.ready() and second.ready()
+    got = [[first.finish()[0].tokens, second.finish()[0].tokens]]
+    assert first.finish() is first.finish()
+    assert got == want
+    assert interleaved.start([]).finish() == []
+    for v in (one_by_one, interleaved):
+        assert [len(s.context) for s in v.seqs] == [len(ids[0]) + 1, len(ids[1]) + 1]

@@ -82,3 +82,35 @@ def test_an_error_ends_the_stream_with_it() -> None:
         return out
 
     assert asyncio.run(main()) == [0]
+
+
+def test_a_pending_batch_frees_the_worker_until_its_device_is_done() -> None:
+    """``run`` returns a Pending (work queued on a device): the next batch starts on the worker
+    before the first finishes, and results still come in the batches' order."""
+    worker = ThreadPoolExecutor(1)
+    log: list[str] = []
+    device_done = threading.Event()
+
+    class Queued:
+        def __init__(self, batch: int) -> None:
+            self.batch = batch
+
+        def ready(self) -> bool:
+            return self.batch != 0 or device_done.is_set()
+
+        def finish(self) -> int:
+            log.append(f"finish {self.batch}")
+            return self.batch * 10
+
+    def start(batch: int) -> Queued:
+        log.append(f"start {batch}")
+        if batch == 1:
+            device_done.set()  # batch 0's device work ends while batch 1 is prepared
+        return Queued(batch)
+
+    async def main() -> list[int]:
+        return [r async for r in in_order(_stream([0, 1, 2], []), start, worker)]
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert log.index("start 1") < log.index("finish 0")
+    assert log.count("finish 0") == 1

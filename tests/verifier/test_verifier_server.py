@@ -375,3 +375,34 @@ def test_drafter_and_verifier_services_reproduce_the_engine(
     assert accepted == want.accepted > 0  # drafts were really accepted, as in the engine
     if sampling.greedy:
         assert got == greedy[0][:NEW]
+
+
+def test_two_micro_batches_in_flight_give_the_sequential_outputs(service: VerifierService,
+                                                                 prompts, greedy) -> None:
+    """The next micro-batch is started (its forward queued) before the previous one finishes:
+    disjoint requests interleave start, start, finish, finish; a batch that names a request of
+    one still in flight finishes that one first. Every output is the target's own."""
+    out: dict[str, list[int]] = {"a": [], "b": []}
+
+    def task(rid: str, i: int) -> verifier_pb2.VerifyTask:
+        return _task(rid, len(prompts[i]) + len(out[rid])) if out[rid] else _task(rid, 0, prompts[i])
+
+    for step in range(4):
+        first = service.start_batch(_batch(task("a", 0), batch_id=2 * step))
+        second = service.start_batch(_batch(task("b", 1), batch_id=2 * step + 1))
+        assert first.response is None and second.response is None  # both in flight
+        assert first.ready() and second.ready()  # on the CPU the work is done at start
+        for rid, pending in (("a", first), ("b", second)):
+            resp = pending.finish()
+            assert resp is pending.finish()  # idempotent
+            out[rid].extend(resp.results[0].tokens)
+    assert out["a"] == greedy[0][:4] and out["b"] == greedy[1][:4]
+    in_flight = service.start_batch(_batch(task("a", 0), batch_id=20))
+    again = service.start_batch(_batch(_task("a", len(prompts[0]) + 5), batch_id=21))
+    assert in_flight.response is not None  # finished before "a" was verified again
+    out["a"].extend(in_flight.response.results[0].tokens)
+    out["a"].extend(again.finish().results[0].tokens)
+    assert out["a"] == greedy[0][:6]
+    release = service.start_batch(_batch(task("b", 1), batch_id=22))
+    service.start_batch(_batch(release=["b"], batch_id=23)).finish()
+    assert release.response is not None and len(release.response.results[0].tokens) == 1

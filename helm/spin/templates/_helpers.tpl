@@ -200,6 +200,10 @@ Model flags of a verifier or drafter container (args list items). dict "c" <role
 - {{ $maxSeqs | int | toString | quote }}
 - --gpu-memory-utilization
 - {{ (hasKey $c "gpuMemoryUtilization" | ternary $c.gpuMemoryUtilization 0.9) | toString | quote }}
+- {{ (hasKey $c "cudaGraphs" | ternary $c.cudaGraphs true) | ternary "--cuda-graphs" "--no-cuda-graphs" }}
+- {{ $c.compile | default false | ternary "--compile" "--no-compile" }}
+- --attention
+- {{ $c.attention | default "sdpa" | quote }}
 {{- with $c.kvCacheMemory }}
 - --kv-cache-memory
 - {{ . | quote }}

@@ -9,7 +9,11 @@ shapes (batch, context, new tokens per request), the median time of:
 - ``paged gather``: gathering every request's blocks through its block table, then SDPA
   (``kv_cache.KVCache.read``);
 - ``flex``: FlexAttention with a block mask over contiguous keys, eager and (``--compile``)
-  compiled, with its first call's compile time.
+  compiled, with its first call's compile time;
+- ``paged flex``: ``engine/flex_attention.py``, FlexAttention over the whole pool as one key
+  sequence with the block mask built from the block tables (no gather, no dense mask; the
+  serving path on CUDA), eager or compiled as ``flex``, with its plan's build time (once per
+  forward) and its largest difference from the gather path.
 
 The model runner uses the view for a lone request and the gather otherwise: the view costs what
 contiguous keys cost, and on the CPU FlexAttention is slower than SDPA even before a gather is
@@ -29,8 +33,8 @@ SHAPES = ((1, 300, 1), (1, 300, 5), (8, 300, 1), (8, 300, 5), (32, 300, 5), (8, 
 """(batch, context, new tokens per request)."""
 
 
-def _median_ms(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(3):
+def _median_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
@@ -77,5 +81,27 @@ def run_attention_bench(heads: int = 6, head_dim: int = 64, block_size: int = 16
         row["flex_first_call_s"] = time.perf_counter() - start
         row["flex_ms"] = _median_ms(lambda: flex(q, keys, keys, block_mask=block_mask),
                                     reps if compile_flex else 5)
+        row.update(_paged_flex(compile_flex, q, pool, table, ctx, lq, reps, gather()))
         rows.append(row)
     return rows
+
+
+def _paged_flex(compiled: bool, q: torch.Tensor, pool: torch.Tensor,
+                table: torch.Tensor, ctx: int, lq: int, reps: int,
+                ref: torch.Tensor) -> dict[str, float]:
+    """``paged_flex_*`` of one shape: chains of ``lq`` new tokens after ``ctx`` each (eager:
+    one timed call after the first; it scores every key of the pool, seconds a call)."""
+    from ..engine.flex_attention import build_plan, paged_tree_attention
+
+    b, nb, bs = q.shape[0], pool.shape[0], pool.shape[1]
+    ctxs, ns = torch.full((b,), ctx), torch.full((b,), lq)
+    plan = build_plan(table, ctxs, ns, lq, nb, bs)
+    values = pool.clone()  # compiled flex on the CPU refuses one buffer as both keys and values
+    start = time.perf_counter()
+    out = paged_tree_attention(q, pool, values, plan, compiled=compiled)
+    first = time.perf_counter() - start
+    return {"paged_flex_plan_ms": _median_ms(lambda: build_plan(table, ctxs, ns, lq, nb, bs), 10),
+            "paged_flex_first_call_s": first, "paged_flex_err": float((out - ref).abs().max()),
+            "paged_flex_ms": _median_ms(
+                lambda: paged_tree_attention(q, pool, values, plan, compiled=compiled),
+                reps if compiled else 1, 3 if compiled else 0)}

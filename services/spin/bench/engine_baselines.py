@@ -105,7 +105,7 @@ class HFBaselines:
     @torch.inference_mode()
     def generate(self, method: HFMethod, prompt: tuple[int, ...], new_tokens: int) -> list[int]:
         """The ``new_tokens`` generated token ids (greedy; EOS suppressed until then)."""
-        ids = torch.tensor([prompt])  # [1, P]
+        ids = torch.tensor([prompt], device=self.target.device)  # [1, P]
         extra: dict = {}
         if method.kind == "lookup":
             extra["prompt_lookup_num_tokens"] = method.lookup_tokens

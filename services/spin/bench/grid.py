@@ -110,20 +110,26 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     return cell
 
 
+def run_cells(emb: Embedded, cfg: GridConfig, grid: list[tuple[str, float, int]],
+              progress: bool = True) -> list[dict]:
+    """A warm-up request, then each cell (prompt set, temperature, concurrency) of ``grid`` on
+    the running deployment ``emb`` (also ``spin bench gpu``'s end-to-end part)."""
+    bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
+                              seed=cfg.seed)
+    run_requests(emb.endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
+                 progress=False)
+    return [_cell(emb, cfg, bench, p, t, c)
+            for p, t, c in tqdm(grid, desc="grid", unit="cell", disable=not progress)]
+
+
 def run_grid(cfg: GridConfig) -> dict:
     """Every cell on one deployment; the report (``cells`` and a summary)."""
     router = RouterConfig(policy="learned", policy_config=cfg.policy_config)
-    bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
-                              seed=cfg.seed)
-    cells = []
     grid = [(p, t, c) for p in cfg.prompt_sets for t in cfg.temperatures
             for c in cfg.concurrencies]
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
                               log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))) as emb:
-        run_requests(emb.endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
-                     progress=False)
-        for p, t, c in tqdm(grid, desc="grid", unit="cell"):
-            cells.append(_cell(emb, cfg, bench, p, t, c))
+        cells = run_cells(emb, cfg, grid)
     ratios = [c["auto_over_off"] for c in cells]
     return {"config": {"quick": cfg.quick, "new_tokens": cfg.new_tokens,
                        "concurrencies": list(cfg.concurrencies),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from ..engine.drafter import ModelDrafter, PromptLookupDrafter
 from ..engine.engine import GenerationRequest, SpecEngine
-from ..engine.model_runner import ModelRunner
+from ..engine.model_runner import RunnerConfig
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import Verifier
 from ..router.config import RouterConfig
@@ -47,6 +47,11 @@ class ServicesBenchConfig:
     prompts: int = 6
     """Held-out code prompts (cut to their last 96 tokens)."""
     domain: str = "code"
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """Device, dtype and KV cache of both sides: the in-process engine's runners (with
+    ``max_seqs`` 2) and the services (each drafter gets the same KV cache budget)."""
+    start_timeout_s: float = 180.0
+    """How long each service may take to start."""
 
 
 def _stream(stub, prompt: tuple[int, ...], cfg: ServicesBenchConfig, spec: bool) -> tuple[list[int], float]:
@@ -78,43 +83,52 @@ def _router_times(port: int, names: tuple[str, ...] = STEP_HISTOGRAMS) -> dict[s
     return out
 
 
-def run_services_bench(cfg: ServicesBenchConfig) -> dict:
-    fam = cfg.family_dir
-    if cfg.drafter is None:
-        cfg = replace(cfg, drafter=family_members(fam)[0])
-    tok = AutoTokenizer.from_pretrained(fam / "target")
+def prompt_ids(cfg: ServicesBenchConfig) -> list[tuple[int, ...]]:
+    """The first ``cfg.prompts`` held-out prompts of the domain with 96 tokens or more, cut to
+    their last 96."""
+    tok = AutoTokenizer.from_pretrained(cfg.family_dir / "target")
     prompts = []
-    for row in heldout_prompts(fam, (cfg.domain,)):
+    for row in heldout_prompts(cfg.family_dir, (cfg.domain,)):
         ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
         if len(ids) >= 96:
             prompts.append(tuple(ids[-96:]))
         if len(prompts) == cfg.prompts:
             break
+    return prompts
+
+
+def _engine(cfg: ServicesBenchConfig) -> SpecEngine:
+    """The in-process side: the target and the drafter in this process."""
+    fam, runner = cfg.family_dir, replace(cfg.runner, max_seqs=2)
     drafter = (PromptLookupDrafter() if cfg.drafter == PROMPT_LOOKUP
-               else ModelDrafter(cfg.drafter, ModelRunner(fam / cfg.drafter, max_seqs=2)))
-    engine = SpecEngine(Verifier(ModelRunner(fam / "target", max_seqs=2)), {cfg.drafter: drafter})
-    log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
-    names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
-    secs = {"inproc_on": 0.0, "inproc_off": 0.0, "rpc_on": 0.0, "rpc_off": 0.0}
-    per_prompt_ratio = []
-    lossless = True
-    tokens = steps = 0
-    with Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False,
-                              log_dir=log_dir, router=RouterConfig(policy="fixed"))) as emb, \
-            grpc.insecure_channel(emb.endpoint) as channel:
+               else ModelDrafter(cfg.drafter, runner.load(fam / cfg.drafter)))
+    verifier = Verifier(runner.load(fam / "target"))
+    for r in [verifier.runner] + ([drafter.runner] if isinstance(drafter, ModelDrafter) else []):
+        r.capture_graphs()  # as the services do at start (CUDA; none on the CPU)
+    return SpecEngine(verifier, {cfg.drafter: drafter})
+
+
+def _compare(emb: Embedded, engine: SpecEngine, prompts: list[tuple[int, ...]],
+             cfg: ServicesBenchConfig) -> dict:
+    """Every prompt in process and through the services, speculation on and off: the seconds
+    of each, per-prompt ratios, tokens and steps, the router's histograms diffed per kind."""
+    out: dict = {"secs": {"inproc_on": 0.0, "inproc_off": 0.0, "rpc_on": 0.0, "rpc_off": 0.0},
+                 "per_prompt_ratio": [], "lossless": True, "tokens": 0, "steps": 0,
+                 "diff": {"on": {}, "off": {}}}
+    secs, diff = out["secs"], out["diff"]
+    with grpc.insecure_channel(emb.endpoint) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         _stream(stub, prompts[0][:8], cfg, True)  # warm-up: connections, first forwards
         engine.generate([GenerationRequest("warm", prompts[0][:8], 8, drafter=cfg.drafter, k=cfg.k)])
         port = emb.router.metrics_port
-        diff = {"on": {}, "off": {}}
 
         def measured(kind: str, fn):
             before = _router_times(port)
-            out = fn()
+            result = fn()
             after = _router_times(port)
             for key, value in after.items():
                 diff[kind][key] = diff[kind].get(key, 0.0) + value - before.get(key, 0.0)
-            return out
+            return result
 
         for i, p in enumerate(tqdm(prompts, desc="bench services", unit="prompt")):
             t = time.perf_counter()
@@ -131,10 +145,32 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
             secs["inproc_on"] += t_in
             secs["rpc_on"] += t_rpc
             secs["rpc_off"] += t_off
-            per_prompt_ratio.append(t_in / t_rpc)
-            lossless &= ids == res.tokens == alone.tokens == off_ids
-            tokens += len(res.tokens)
-            steps += res.steps
+            out["per_prompt_ratio"].append(t_in / t_rpc)
+            out["lossless"] &= ids == res.tokens == alone.tokens == off_ids
+            out["tokens"] += len(res.tokens)
+            out["steps"] += res.steps
+    return out
+
+
+def run_services_bench(cfg: ServicesBenchConfig) -> dict:
+    fam = cfg.family_dir
+    if cfg.drafter is None:
+        cfg = replace(cfg, drafter=family_members(fam)[0])
+    prompts = prompt_ids(cfg)
+    engine = _engine(cfg)
+    log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
+    names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
+    emb = Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False,
+                               log_dir=log_dir, router=RouterConfig(policy="fixed"),
+                               runner=cfg.runner,
+                               drafter_kv_cache_memory=cfg.runner.kv_cache_memory))
+    emb.start(cfg.start_timeout_s)
+    try:
+        got = _compare(emb, engine, prompts, cfg)
+    finally:
+        emb.stop()
+    secs, diff, tokens, steps = got["secs"], got["diff"], got["tokens"], got["steps"]
+    per_prompt_ratio, lossless = got["per_prompt_ratio"], got["lossless"]
     rate = {k: tokens / v for k, v in secs.items()}
 
     def split(d: dict[str, float]) -> dict[str, float]:

@@ -6,16 +6,17 @@ import argparse
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
+from .bench_gpu import add_gpu
 from .bench_grid import add_dataset, add_grid
 from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|services|api|policy|sweep|fit|ab|dataset|grid``."""
+    """``spin bench engine|attention|services|api|policy|sweep|fit|ab|dataset|grid|gpu``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
-                _add_fit, _add_ab, add_dataset, add_grid):
+                _add_fit, _add_ab, add_dataset, add_grid, add_gpu):
         add(bsub)
 
 
@@ -188,12 +189,15 @@ def _bench_attention(args: argparse.Namespace) -> int:
     rows = run_attention_bench(compile_flex=args.compile)
     flex = "flex compiled" if args.compile else "flex eager"
     print(f"{'batch':>5} {'context':>7} {'new':>3} | {'contiguous':>10} {'paged view':>10} "
-          f"{'paged gather':>12} {flex:>13} (ms per layer, medians; flex's first call s)")
+          f"{'paged gather':>12} {flex:>13} {'paged ' + flex:>19} (ms per layer, medians; "
+          "flex's first call s; paged flex: plan ms per forward, max diff from gather)")
     for r in rows:
         view = f"{r['paged_view_ms']:10.3f}" if "paged_view_ms" in r else f"{'-':>10}"
         print(f"{r['batch']:5d} {r['context']:7d} {r['new_tokens']:3d} | {r['contiguous_ms']:10.3f} "
               f"{view} {r['paged_gather_ms']:12.3f} {r['flex_ms']:13.3f} "
-              f"({r['flex_first_call_s']:.1f} s)")
+              f"({r['flex_first_call_s']:.1f} s) {r['paged_flex_ms']:11.3f} "
+              f"({r['paged_flex_first_call_s']:.1f} s; plan {r['paged_flex_plan_ms']:.2f} ms, "
+              f"diff {r['paged_flex_err']:.1e})")
     write_json(args.json, {"rows": rows, "flex_compiled": args.compile})
     return 0
 

@@ -92,6 +92,16 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seqs", "--slots", dest="max_seqs", type=positive(int), default=64,
                    help="requests held at once (no memory is set aside for them)")
     p.add_argument("--block-size", type=positive(int), default=16, help="tokens per KV block")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on CUDA, replay decode and verification steps as CUDA graphs captured "
+                        "at start per shape bucket (default on; ignored on the CPU)")
+    p.add_argument("--attention", choices=("sdpa", "flex"), default="sdpa",
+                   help="sdpa: keys gathered through the block tables, a dense mask (default); "
+                        "flex: FlexAttention over the paged pool with a block mask from the "
+                        "block tables and the token tree (compiled on CUDA)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="torch.compile the bucketed steps (inductor; default off: on the CPU each "
+                        "bucket compiles for seconds)")
 
 
 def quantize_flag(p: argparse.ArgumentParser) -> None:
@@ -109,7 +119,9 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
     return RunnerConfig(device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         max_model_len=args.max_model_len, max_seqs=args.max_seqs,
-                        block_size=args.block_size, quantize=getattr(args, "quantize", "none"))
+                        block_size=args.block_size, quantize=getattr(args, "quantize", "none"),
+                        cuda_graphs=args.cuda_graphs, compile=args.compile,
+                        attention=args.attention)
 
 
 # ---- the service: ServerConfig and --cpus -------------------------------------------------------

@@ -148,6 +148,7 @@ def run(model: str, name: str | None, cfg: ServerConfig,
     name = name or Path(model).name
     service = DrafterService(name, model, runner)
     log.info("drafter %s %s", name, describe(service.drafter.runner))
+    service.drafter.runner.capture_graphs(progress=True)  # before timing: steps run as served
     service.measure_step_times(step_times)
     service_descriptor = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]
     cfg.service_names = [service_descriptor.full_name]

@@ -28,12 +28,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from .attention import AttentionMode, Iota, ragged_layout, sdpa
+from .flex_attention import FlexPlan, build_plan, paged_tree_attention
 from .kv_cache import BLOCK_SIZE, CacheFull, KVCache, Paged
 from .memory import ModelShape, format_size, kv_budget, resolve_device, resolve_dtype
 from .quant import Int8Linear, Quantization, linear
 from .quant import resolve as resolve_quantization
+from .step_graphs import GraphConfig, StepGraphs, iter_rows, static_mask, static_paged
+from .step_graphs import describe as describe_graphs
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -85,11 +89,23 @@ class RunnerConfig:
     """Tokens per KV cache block."""
     quantize: Quantization = "none"
     """int8: int8 linear weights (draft models on the CPU, ``quant.py``)."""
+    cuda_graphs: bool = True
+    """On CUDA, decode and verification steps replay captured graphs per shape bucket
+    (``step_graphs.py``); ignored on the CPU."""
+    compile: bool = False
+    """``torch.compile`` the bucketed steps (inductor; on the CPU this turns bucketing on)."""
+    attention: AttentionMode = "sdpa"
+    """sdpa (gathered keys, dense mask) or flex (FlexAttention over the paged pool:
+    ``attention.py``)."""
 
-    def load(self, path: str | Path, vocab_limit: int | None = None) -> ModelRunner:
+    def load(self, path: str | Path | PreTrainedModel, vocab_limit: int | None = None
+             ) -> ModelRunner:
+        """The runner of a checkpoint directory (or cached hub name), or of a model already
+        built (e.g. randomly initialised, on its device and dtype)."""
         return ModelRunner(path, self.max_seqs, self.max_model_len, self.device, self.dtype,
                            self.kv_cache_memory, self.gpu_memory_utilization, self.block_size,
-                           self.quantize, vocab_limit)
+                           self.quantize, vocab_limit, self.cuda_graphs, self.compile,
+                           self.attention)
 
 
 class ModelRunner:
@@ -99,17 +115,23 @@ class ModelRunner:
                  device: torch.device | str = "cpu", dtype: torch.dtype | str = "auto",
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = BLOCK_SIZE, quantize: Quantization = "none",
-                 vocab_limit: int | None = None) -> None:
+                 vocab_limit: int | None = None, cuda_graphs: bool = True,
+                 compile: bool = False, attention: AttentionMode = "sdpa") -> None:
         """``device``/``dtype``: as ``memory.resolve_device``/``resolve_dtype`` take them.
         ``kv_cache_bytes``/``gpu_memory_utilization``/``max_model_len``: the cache's budget and
         the longest request (``memory.kv_budget``). ``quantize="int8"``: int8 linear weights
         (``quant.py``; draft models only, CPU and fp32 activations). ``vocab_limit``: score only
         token ids below it (a drafter whose embedding is padded past the tokenizer's tokens,
-        or past the target's rows, never drafts an id the target cannot score)."""
+        or past the target's rows, never drafts an id the target cannot score).
+        ``cuda_graphs``/``compile``/``attention``: ``RunnerConfig``'s."""
+        if attention not in ("sdpa", "flex"):
+            raise ValueError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
+        self.attention = attention
         if quantize not in ("none", "int8"):  # 'auto' is resolved before: ``quant.resolve``
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
         self.device = resolve_device(device) if isinstance(device, str) else torch.device(device)
-        cfg = AutoConfig.from_pretrained(path)
+        hf = path if isinstance(path, PreTrainedModel) else None
+        cfg = hf.config if hf is not None else AutoConfig.from_pretrained(path)
         if cfg.model_type not in SUPPORTED:
             raise ValueError(f"{path}: model type {cfg.model_type!r} is not supported "
                              f"(expected one of {SUPPORTED})")
@@ -118,8 +140,51 @@ class ModelRunner:
         self.dtype = dtype
         if quantize == "int8":
             resolve_quantization("int8", self.device, dtype)  # ValueError where it cannot run
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        if hf is None:
+            hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        path = getattr(cfg, "name_or_path", None) or cfg.model_type
         self.config = cfg = hf.config
+        shape = ModelShape.of(cfg)
+        self._take_weights(hf, vocab_limit, quantize)
+        budget = kv_budget(shape, dtype, self.device, block_size, kv_cache_bytes,
+                           self.weight_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=max_model_len)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True) and window < budget.max_model_len:
+            raise ValueError(f"{path}: sliding-window attention ({window}) shorter than the "
+                             f"context ({budget.max_model_len}) is not supported; pass "
+                             f"--max-model-len {window} or less")
+        self.max_len = budget.max_model_len
+        """Longest context (prompt + generated tokens) of one request."""
+        self.batch_invariant = self.device.type == "cpu" and dtype in (torch.bfloat16,
+                                                                       torch.float16)
+        """Half precision on the CPU: every request's output independent of its batch, as a
+        request decoding alone would compute it. oneDNN's bf16 matmuls round a row differently
+        with the number of rows (measured: K = 704, rows 25 of 36 and 3 of 80 differ by one
+        ulp), so the linear layers run on ATen's own kernels (each output a float32 dot product
+        in one order; about 9x slower than oneDNN's bf16 and 2.4x slower than fp32 at
+        256 x 32768, which is why it is not the CPU's default dtype), and attention in float64
+        (``attention.sdpa``)."""
+        self.iota = Iota(self.device)
+        static = not self.batch_invariant and (compile or (cuda_graphs
+                                                           and self.device.type == "cuda"))
+        self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
+                             max_seqs, block_size, dtype, self.device, scratch=static)
+        self.graphs: StepGraphs | None = StepGraphs(self, GraphConfig(
+            capture=cuda_graphs, compile=compile)) if static else None
+        """Bucketed static-shape steps (``step_graphs.py``), or None: every step eager."""
+
+    def capture_graphs(self, progress: bool = False) -> int:
+        """Capture every bucket's CUDA graph now, with a progress bar; returns how many (0
+        without graphs). Compiled steps are built at first use instead: a bucket compiles for
+        seconds, and most buckets never come in a deployment's traffic."""
+        g = self.graphs
+        return g.prepare(progress=progress) if g is not None and g.capture else 0
+
+    def _take_weights(self, hf: PreTrainedModel, vocab_limit: int | None,
+                      quantize: Quantization) -> None:
+        """The model's shapes and weights, q/k/v and gate/up fused (int8 where asked)."""
+        cfg = hf.config
         self.heads = cfg.num_attention_heads
         shape = ModelShape.of(cfg)
         self.kv_heads, self.head_dim = shape.kv_heads, shape.head_dim
@@ -143,28 +208,6 @@ class ModelRunner:
         self.weight_bytes = sum(t.untyped_storage().nbytes() for t in {
             t.untyped_storage().data_ptr(): t for t in self._weights()}.values())
         """Bytes of the weights (a tied embedding and output layer count once)."""
-        budget = kv_budget(shape, dtype, self.device, block_size, kv_cache_bytes,
-                           self.weight_bytes, gpu_memory_utilization=gpu_memory_utilization,
-                           max_model_len=max_model_len)
-        window = getattr(cfg, "sliding_window", None)
-        if window and getattr(cfg, "use_sliding_window", True) and window < budget.max_model_len:
-            raise ValueError(f"{path}: sliding-window attention ({window}) shorter than the "
-                             f"context ({budget.max_model_len}) is not supported; pass "
-                             f"--max-model-len {window} or less")
-        self.max_len = budget.max_model_len
-        """Longest context (prompt + generated tokens) of one request."""
-        self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
-                             max_seqs, block_size, dtype, self.device)
-        self.batch_invariant = self.device.type == "cpu" and dtype in (torch.bfloat16,
-                                                                       torch.float16)
-        """Half precision on the CPU: every request's output independent of its batch, as a
-        request decoding alone would compute it. oneDNN's bf16 matmuls round a row differently
-        with the number of rows (measured: K = 704, rows 25 of 36 and 3 of 80 differ by one
-        ulp), so the linear layers run on ATen's own kernels (each output a float32 dot product
-        in one order; about 9x slower than oneDNN's bf16 and 2.4x slower than fp32 at
-        256 x 32768, which is why it is not the CPU's default dtype), and attention in float64
-        (``_attend``)."""
-        self._iota = torch.arange(0, device=self.device)
 
     def _weights(self) -> list[torch.Tensor]:
         """The tensors this runner computes with (as loaded; int8 layers count their packing
@@ -199,12 +242,6 @@ class ModelRunner:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def iota(self, n: int) -> torch.Tensor:
-        """0 .. n-1 on the device (a slice of one tensor, grown by doubling)."""
-        if len(self._iota) < n:
-            self._iota = torch.arange(max(n, 2 * len(self._iota)), device=self.device)
-        return self._iota[:n]
-
     def reserve(self, items: list[ForwardItem]) -> None:
         """The blocks every item's new tokens need (``CacheFull``, taking none, when too few are
         free)."""
@@ -214,66 +251,6 @@ class ModelRunner:
             raise CacheFull(f"the batch needs {need} more KV blocks, {blocks.free_blocks} are free")
         for it in items:
             self.cache.reserve(it.seq, lengths[it.seq] + len(it.tokens))
-
-    def _layout(self, items: list[ForwardItem], lk: int) -> dict[str, torch.Tensor | None]:
-        """Padded index tensors of a ragged batch (shapes in comments)."""
-        b = len(items)
-        sizes = [len(it.tokens) for it in items]
-        lq = max(sizes)
-        if lk > self.max_len:
-            raise ValueError(f"context would exceed {self.max_len} tokens")
-        dev, iota = self.device, self.iota(lk + 1)
-        pad = [lq - n for n in sizes]
-        tokens = torch.tensor([list(it.tokens) + [0] * p for it, p in zip(items, pad)],
-                              device=dev)                                             # [B, Lq]
-        ctx = torch.tensor([self.cache.lengths[it.seq] for it in items], device=dev)  # [B]
-        n = torch.tensor(sizes, device=dev)                                           # [B]
-        valid = iota[None, :lq] < n[:, None]                                          # [B, Lq]
-        chains = all(it.parents is None for it in items)
-        if chains:  # causal mask, depth = index + 1
-            depth = iota[None, 1:lq + 1].expand(b, lq)
-        else:  # ancestors on the host (a loop over depths), then one copy
-            parents = torch.tensor([list(it.parents if it.parents is not None
-                                         else range(-1, len(it.tokens) - 1)) + [-1] * p
-                                    for it, p in zip(items, pad)])                    # [B, Lq]
-            anc, depth = (t.to(dev) for t in _ancestors(parents))
-        positions = ctx[:, None] + depth - 1                                          # [B, Lq]
-        out = {"tokens": tokens, "valid": valid, "positions": positions, "mask": None}
-        if lq == 1 and b == 1:  # one new token sees the whole context: no mask needed
-            return out
-        rel = iota[None, None, :lk] - ctx[:, None, None]                              # [B, 1, Lk]
-        if chains:
-            tree_part = (rel <= iota[None, :lq, None]) & (rel < n[:, None, None])     # [B, Lq, Lk]
-        else:
-            in_tree = (rel >= 0) & (rel < n[:, None, None])
-            tree_part = anc.gather(2, rel.clamp(0, lq - 1).expand(b, lq, lk)) & in_tree
-        mask = (rel < 0) | tree_part
-        mask = mask | (~valid[:, :, None] & (iota[:lk] == 0))                         # pad rows
-        out["mask"] = mask[:, None]                                                   # [B, 1, Lq, Lk]
-        return out
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of q [B, H, Lq, hd] over keys/values [B, KVH, Lk, hd] -> [B, H, Lq, hd].
-
-        SDPA, except with ``batch_invariant``: the arithmetic in float64, then rounded to the
-        model's dtype. A bf16 SDPA over keys masked past a row's context (a batch padded to its
-        longest request, or a prefill's later tokens) rounds differently from one over exactly
-        that row's keys (one ulp, often: measured on CPU, in fp32 too at 1e-7); with a 150k
-        vocabulary one ulp flips a greedy argmax often enough that a request's output would
-        depend on what shares its batch. In float64 the masked keys add exact zeros and the
-        rounding to bf16 no longer depends on them (0 differing outputs in 200 random shapes,
-        where float32 math gave 36)."""
-        if not self.batch_invariant:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                  enable_gqa=self.kv_heads != self.heads)
-        rep = self.heads // self.kv_heads
-        k = keys.double().repeat_interleave(rep, 1)                                   # [B, H, Lk, hd]
-        v = values.double().repeat_interleave(rep, 1)
-        scores = (q.double() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5             # [B, H, Lq, Lk]
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return (torch.softmax(scores, -1) @ v).to(q.dtype)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], last_only: bool = False,
@@ -286,8 +263,21 @@ class ModelRunner:
         (all a chain drafter needs). V' = ``vocab_limit``."""
         self.reserve(items)
         sizes = [len(it.tokens) for it in items]
-        paged = self.cache.locate([it.seq for it in items], sizes, max(sizes))
-        lay = self._layout(items, paged.lk)
+        if self.graphs is not None:
+            lk = max(self.cache.lengths[it.seq] + n for it, n in zip(items, sizes))
+            rows = list(iter_rows(sizes, last_only, logits_from))
+            hidden = self.graphs.forward(items, rows, lk)                     # [B, Lr, D]
+            if hidden is not None:
+                return linear(hidden, self.lm_head)                           # [B, Lr, V']
+        flex = self.attention == "flex"
+        paged = self.cache.locate([it.seq for it in items], sizes, max(sizes), view=not flex)
+        if paged.lk > self.max_len:
+            raise ValueError(f"context would exceed {self.max_len} tokens")
+        lay = ragged_layout([it.tokens for it in items], [it.parents for it in items],
+                            [self.cache.lengths[it.seq] for it in items], paged.lk, self.iota,
+                            dense_mask=not flex)
+        if flex:
+            lay["plan"] = self._plan(paged.table, lay["ctx"], lay["n"], max(sizes), lay["anc"])
         if not self.batch_invariant:
             return self._compute(lay, paged, sizes, last_only, logits_from)
         was = torch._C._get_mkldnn_enabled()
@@ -297,11 +287,18 @@ class ModelRunner:
         finally:
             torch._C._set_mkldnn_enabled(was)
 
-    def _compute(self, lay: dict[str, torch.Tensor | None], paged: Paged, sizes: list[int],
-                 last_only: bool, logits_from: list[int] | None) -> torch.Tensor:
-        b, lq = lay["tokens"].shape
-        x = F.embedding(lay["tokens"], self.embed)                                    # [B, Lq, D]
-        cos, sin = self.rotary(x, lay["positions"])                                   # [B, Lq, hd]
+    def _plan(self, table: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor, lq: int,
+              anc: torch.Tensor | None) -> FlexPlan:
+        """The FlexAttention block mask of one forward (every layer's)."""
+        return build_plan(table, ctx, n, lq, self.cache.k.shape[1], self.cache.block_size, anc)
+
+    def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                paged: Paged, plan: FlexPlan | None = None) -> torch.Tensor:
+        """The decoder layers over new tokens [B, Lq] at positions [B, Lq] -> [B, Lq, D];
+        attention by SDPA under ``mask``, or by FlexAttention under ``plan``."""
+        b, lq = tokens.shape
+        x = F.embedding(tokens, self.embed)                                           # [B, Lq, D]
+        cos, sin = self.rotary(x, positions)                                          # [B, Lq, hd]
         cos, sin = cos[:, :, None], sin[:, :, None]                                   # [B, Lq, 1, hd]
         for li, w in enumerate(self.layers):
             h = self._rms(x, w.attn_norm)
@@ -309,11 +306,33 @@ class ModelRunner:
             q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=2)     # [B, Lq, *, hd]
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self.cache.write(li, paged, k, v)
-            keys, values = self.cache.read(li, paged)                                 # [B, KVH, Lk, hd]
-            attn = self._attend(q.transpose(1, 2), keys, values, lay["mask"])
+            if plan is not None:
+                attn = paged_tree_attention(q.transpose(1, 2), self.cache.k[li], self.cache.v[li],
+                                            plan)                                     # [B, H, Lq, hd]
+            else:
+                keys, values = self.cache.read(li, paged)                             # [B, KVH, Lk, hd]
+                attn = sdpa(q.transpose(1, 2), keys, values, mask, self.batch_invariant)
             x = x + linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
             gate, up = linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, w.down)
+        return x
+
+    def static_body(self, tokens: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor,
+                    anc: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """A bucket's step (``step_graphs.py``): tokens [Bb, Qb], ctx [Bb], n [Bb],
+        anc [Bb, Qb, Qb], table [Bb, MB], slots [Bb * Qb] -> normed hidden states [Bb, Qb, D];
+        fixed shapes, no host reads (captured as a CUDA graph)."""
+        paged = static_paged(table, slots, self.cache.block_size)
+        flex = self.attention == "flex"
+        positions, mask = static_mask(ctx, n, anc, paged.lk, dense=not flex)
+        plan = self._plan(table, ctx, n, anc.shape[1], anc.bool()) if flex else None
+        return self._rms(self._hidden(tokens, positions, mask, paged, plan), self.norm)
+
+    def _compute(self, lay: dict[str, torch.Tensor | None], paged: Paged, sizes: list[int],
+                 last_only: bool, logits_from: list[int] | None) -> torch.Tensor:
+        x = self._hidden(lay["tokens"], lay["positions"], lay["mask"], paged,
+                         lay.get("plan"))                                             # [B, Lq, D]
+        b = x.shape[0]
         if last_only:
             logits_from = [n - 1 for n in sizes]
         if logits_from is not None and any(logits_from):
@@ -324,23 +343,6 @@ class ModelRunner:
         return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lr, V']
 
 
-def _ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """parents [B, N] (-1 = root) -> (ancestor-or-self mask [B, N, N] bool, depth [B, N] from 1)."""
-    b, n = parents.shape
-    idx = torch.arange(n, device=parents.device).expand(b, n)
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device).repeat(b, 1, 1)
-    depth = torch.ones(b, n, dtype=torch.long, device=parents.device)
-    cur = idx.clone()
-    for _ in range(n - 1):
-        par = torch.where(cur >= 0, parents.gather(1, cur.clamp(min=0)), -1)          # [B, N]
-        if bool((par < 0).all()):
-            break
-        anc.scatter_(2, torch.where(par >= 0, par, idx)[..., None], True)
-        depth += (par >= 0).long()
-        cur = par
-    return anc, depth
-
-
 def describe(runner: ModelRunner) -> str:
     """One line on where a runner runs and what its cache holds (logged at start)."""
     blocks = runner.cache.blocks
@@ -348,4 +350,4 @@ def describe(runner: ModelRunner) -> str:
             f"{format_size(runner.weight_bytes)}, KV cache {format_size(runner.cache.nbytes)} = "
             f"{blocks.num_blocks} blocks of {blocks.block_size} tokens "
             f"({blocks.capacity_tokens} tokens), max model len {runner.max_len}, "
-            f"up to {blocks.max_seqs} requests")
+            f"up to {blocks.max_seqs} requests; {describe_graphs(runner.graphs)}")

@@ -231,13 +231,57 @@ def emitted_probs(target_probs: torch.Tensor, tree: TokenTree, path: torch.Tenso
     return target_probs[rows, emitted]                                                 # [D + 1]
 
 
-def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree],
+@dataclass
+class PendingVerdicts:
+    """A batch's decisions on their way to the host: the device work is queued, the one
+    device-to-host copy is non-blocking into pinned memory (on CUDA), and ``verdicts()``
+    waits for it (an event) and reads it. Between the two the host may prepare and queue the
+    next batch while the device computes this one."""
+
+    trees: list[TokenTree]
+    starts: list[int]
+    spans: list[tuple[int, int] | tuple[list[int], list[float]] | None]
+    """Per request: None (greedy: its argmax rows), (lo, hi) of its sampled path in the copy,
+    or a path decided on the host and its token probabilities."""
+    lq: int
+    host: torch.Tensor
+    """The copy (int64) of the argmax rows, sampled paths and probability bits."""
+    done: torch.cuda.Event | None = None
+    """Recorded after the copy (CUDA); None: the copy is complete already."""
+
+    def ready(self) -> bool:
+        """Whether ``verdicts()`` would return without waiting."""
+        return self.done is None or self.done.query()
+
+    def verdicts(self) -> list[Verdict]:
+        if self.done is not None:
+            self.done.synchronize()
+        host = self.host.tolist()
+        out = []
+        for i, (tree, span) in enumerate(zip(self.trees, self.spans)):
+            if span is None:
+                row0 = i * self.lq + self.starts[i]
+                out.append(walk_greedy(tree, host[row0:row0 + len(tree) + 1]))
+                continue
+            if isinstance(span[0], list):
+                path, probs_out = span
+            else:
+                lo, hi = span
+                path = host[lo:hi]
+                probs_out = torch.tensor(host[hi:2 * hi - lo], dtype=torch.int32).view(
+                    torch.float32).tolist()
+            verdict = _verdict(tree, path)
+            out.append(replace(verdict, token_probs=tuple(probs_out[:len(verdict.tokens)])))
+        return out
+
+
+def decide_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree],
                  sampling: list[SamplingParams], generators: list[torch.Generator],
-                 ) -> list[Verdict]:
-    """Decide every request of a batch: ``logits`` [B, Lq, V] of one target forward, request i's
-    rows from ``starts[i]`` (its last context token) on, ``len(trees[i]) + 1`` of them. One copy
-    of the decisions (and of a sampled request's ``Verdict.token_probs``, float32 bits in the
-    same long tensor) to the host."""
+                 ) -> PendingVerdicts:
+    """Queue the decisions of every request of a batch: ``logits`` [B, Lq, V] of one target
+    forward, request i's rows from ``starts[i]`` (its last context token) on,
+    ``len(trees[i]) + 1`` of them. One copy of the decisions (and of a sampled request's
+    ``Verdict.token_probs``, float32 bits in the same long tensor) to the host."""
     argmax = logits.argmax(-1)                                                          # [B, Lq]
     parts, spans = [argmax.flatten()], []
     offset = argmax.numel()
@@ -255,21 +299,20 @@ def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree]
         parts += [path, bits]
         spans.append((offset, offset + len(path)))
         offset += 2 * len(path)
-    host = torch.cat(parts).tolist()  # the one device-to-host copy
-    lq = logits.shape[1]
-    out = []
-    for i, (tree, span) in enumerate(zip(trees, spans)):
-        if span is None:
-            row0 = i * lq + starts[i]
-            out.append(walk_greedy(tree, host[row0:row0 + len(tree) + 1]))
-            continue
-        if isinstance(span[0], list):
-            path, probs_out = span
-        else:
-            lo, hi = span
-            path = host[lo:hi]
-            probs_out = torch.tensor(host[hi:2 * hi - lo], dtype=torch.int32).view(
-                torch.float32).tolist()
-        verdict = _verdict(tree, path)
-        out.append(replace(verdict, token_probs=tuple(probs_out[:len(verdict.tokens)])))
-    return out
+    flat = torch.cat(parts)
+    done = None
+    if flat.device.type == "cuda":  # the one device-to-host copy, non-blocking
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+    else:
+        host = flat
+    return PendingVerdicts(trees, starts, spans, logits.shape[1], host, done)
+
+
+def verify_batch(logits: torch.Tensor, starts: list[int], trees: list[TokenTree],
+                 sampling: list[SamplingParams], generators: list[torch.Generator],
+                 ) -> list[Verdict]:
+    """``decide_batch``, then its verdicts."""
+    return decide_batch(logits, starts, trees, sampling, generators).verdicts()

@@ -47,6 +47,23 @@ def fed(branching: Shape, k: int) -> int:
     return total
 
 
+def ancestors(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents [B, N] (-1 = root) -> (ancestor-or-self mask [B, N, N] bool, depth [B, N] from 1)."""
+    b, n = parents.shape
+    idx = torch.arange(n, device=parents.device).expand(b, n)
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device).repeat(b, 1, 1)
+    depth = torch.ones(b, n, dtype=torch.long, device=parents.device)
+    cur = idx.clone()
+    for _ in range(n - 1):
+        par = torch.where(cur >= 0, parents.gather(1, cur.clamp(min=0)), -1)          # [B, N]
+        if bool((par < 0).all()):
+            break
+        anc.scatter_(2, torch.where(par >= 0, par, idx)[..., None], True)
+        depth += (par >= 0).long()
+        cur = par
+    return anc, depth
+
+
 @dataclass(frozen=True)
 class TokenTree:
     """Drafted tokens of one request and their tree structure."""

@@ -23,7 +23,7 @@ import torch
 
 from .logprobs import emitted_logprobs
 from .model_runner import ForwardItem, ModelRunner
-from .rejection import Verdict, verify_batch
+from .rejection import PendingVerdicts, Verdict, decide_batch
 from .sampling import SamplingParams
 from .sequences import Sequence, Sequences
 from .tree import TokenTree
@@ -101,8 +101,16 @@ class Verifier:
                ) -> list[Verdict | None]:
         """Update every request's context, then score and decide every tree (in one forward, or
         one per group of ``split``); ``None`` for a request preempted for lack of blocks."""
+        return self.start(requests, split).finish()
+
+    @torch.inference_mode()
+    def start(self, requests: list[VerifyRequest], split: Split | None = None) -> PendingStep:
+        """``verify`` up to the decisions' copy to the host: contexts updated, every forward and
+        decision queued on the device. Until its ``finish`` the step's requests must not be
+        verified again; other requests may (the next micro-batch is prepared and queued while
+        the device computes this one)."""
         if not requests:
-            return []
+            return PendingStep(self, [], [])
         self.seqs.tick()
         max_len = self.runner.max_len
         steps = []
@@ -116,14 +124,10 @@ class Verifier:
         runnable = self._fit(steps)
         sizes = [(st.new_tokens(self.seqs), len(st.seq.context) + len(st.tree)) for st in runnable]
         groups = split(sizes) if split and runnable else [list(range(len(runnable)))]
-        verdicts: dict[str, Verdict] = {}
-        for g in groups:
-            for st, verdict in zip([runnable[j] for j in g], self._run([runnable[j] for j in g])):
-                verdicts[st.request.request_id] = verdict
-        return [verdicts.get(r.request_id) for r in requests]
+        launched = [self._launch([runnable[j] for j in g]) for g in groups if g]
+        return PendingStep(self, [r.request_id for r in requests], launched)
 
-    def _run(self, steps: list[_Step]) -> list[Verdict]:
-        cache = self.runner.cache
+    def _launch(self, steps: list[_Step]) -> _Launched:
         items: list[ForwardItem] = []
         starts: list[int] = []
         for st in steps:
@@ -134,15 +138,56 @@ class Verifier:
             items.append(ForwardItem(st.seq.seq, tail + list(tree.tokens), parents))
             starts.append(len(tail) - 1)  # rows from the last context token on
         logits = self.runner.forward(items, logits_from=starts)                 # [B, N + 1, V]
-        verdicts = verify_batch(logits, [0] * len(steps), [st.tree for st in steps],
-                                [st.request.sampling for st in steps],
-                                [self.seqs.generator(st.seq) for st in steps])
-        for b, (st, verdict) in enumerate(zip(steps, verdicts)):
+        pending = decide_batch(logits, [0] * len(steps), [st.tree for st in steps],
+                               [st.request.sampling for st in steps],
+                               [self.seqs.generator(st.seq) for st in steps])
+        return _Launched(steps, logits, pending)
+
+    def _settle(self, launched: _Launched) -> dict[str, Verdict]:
+        """A group's verdicts: log-probabilities, the accepted path compacted and committed."""
+        cache, out = self.runner.cache, {}
+        for b, (st, verdict) in enumerate(zip(launched.steps, launched.pending.verdicts())):
             if st.request.logprobs is not None:
-                verdicts[b] = verdict = replace(verdict, logprobs=tuple(emitted_logprobs(
-                    logits[b], verdict, st.request.logprobs)))
+                verdict = replace(verdict, logprobs=tuple(emitted_logprobs(
+                    launched.logits[b], verdict, st.request.logprobs)))
             base = len(st.seq.context)
             cache.compact(st.seq.seq, [base + n for n in verdict.accepted], base)
             cache.commit(st.seq.seq, base + verdict.num_accepted)
             st.seq.context.extend(verdict.tokens)
-        return verdicts
+            out[st.request.request_id] = verdict
+        return out
+
+
+@dataclass
+class _Launched:
+    """One forward of a step, queued: its requests, logits [B, N + 1, V] and decisions."""
+
+    steps: list[_Step]
+    logits: torch.Tensor
+    pending: PendingVerdicts
+
+
+@dataclass
+class PendingStep:
+    """A verification step queued by ``Verifier.start``."""
+
+    verifier: Verifier
+    request_ids: list[str]
+    """The step's requests, in order (a preempted one gets None)."""
+    launched: list[_Launched]
+    _result: list[Verdict | None] | None = None
+
+    def ready(self) -> bool:
+        """Whether ``finish`` would return without waiting for the device."""
+        return self._result is not None or all(x.pending.ready() for x in self.launched)
+
+    @torch.inference_mode()
+    def finish(self) -> list[Verdict | None]:
+        """Wait for the decisions, commit the accepted tokens; the verdicts in request order
+        (``None``: preempted). Idempotent."""
+        if self._result is None:
+            verdicts: dict[str, Verdict] = {}
+            for x in self.launched:
+                verdicts.update(self.verifier._settle(x))
+            self._result = [verdicts.get(rid) for rid in self.request_ids]
+        return self._result

@@ -5,6 +5,12 @@ service reads it at once and queues it behind the batch being computed, on the s
 thread, so the next forward starts the moment the current one ends: receiving, parsing and
 queueing overlap the current forward instead of following it. Responses keep the batches' order
 (one worker, first in, first out).
+
+A batch whose ``run`` returns a ``Pending`` (the verifier on CUDA: its forward and decisions
+queued on the device) is finished on the worker only once the device is done with it
+(``ready``); meanwhile the worker is free, so the next batch's inputs are prepared and queued
+while the device computes this one, and a step nears max(host work, device work) rather than
+their sum. On the CPU the work is done by the time ``run`` returns, and nothing changes.
 """
 
 from __future__ import annotations
@@ -12,19 +18,37 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 Batch = TypeVar("Batch")
 Result = TypeVar("Result")
 
 READ_AHEAD = 2
 """Batches received and queued behind the one being computed (the router pipelines two)."""
+POLL_S = 0.0002
+"""How often a pending batch is asked whether the device is done with it."""
+
+
+Out = TypeVar("Out", covariant=True)
+
+
+class Pending(Protocol[Out]):
+    """A batch whose work is queued on a device."""
+
+    def ready(self) -> bool:
+        """Whether ``finish`` would return without waiting for the device."""
+        ...
+
+    def finish(self) -> Out:
+        """Wait for the device and build the batch's result (on the worker thread)."""
+        ...
 
 
 async def in_order(batches: AsyncIterator[Batch], run: Callable[[Batch], Result],
                    worker: ThreadPoolExecutor, ahead: int = READ_AHEAD) -> AsyncIterator[Result]:
-    """``run(batch)`` on ``worker`` for every batch of the stream, results in the batches' order;
-    up to ``1 + ahead`` batches submitted at once. An exception of ``run`` ends the stream with it
+    """``run(batch)`` on ``worker`` for every batch of the stream, results in the batches' order
+    (a ``Pending`` result finished on the worker once ready); up to ``1 + ahead`` batches
+    submitted at once. An exception of ``run`` ends the stream with it
     (batches already submitted still run: a worker thread cannot be interrupted)."""
     loop = asyncio.get_running_loop()
     queued: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
@@ -42,6 +66,10 @@ async def in_order(batches: AsyncIterator[Batch], run: Callable[[Batch], Result]
     try:
         while (result := await queued.get()) is not None:
             value = await result
+            if hasattr(value, "finish"):  # a Pending: the worker is free until the device is done
+                while not value.ready():
+                    await asyncio.sleep(POLL_S)
+                value = await loop.run_in_executor(worker, value.finish)
             room.release()
             yield value
         await receiver  # the stream's own error, if it ended with one

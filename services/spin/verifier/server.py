@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import grpc
 
 from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.model_runner import RunnerConfig, describe
-from ..engine.verifier import Verifier, VerifyRequest
+from ..engine.verifier import PendingStep, Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
 from ..timing.cost_model import CostModel, VerifySample
@@ -55,6 +56,8 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         self.step_times: list[VerifySample] = []
         """Forwards this verifier timed on itself, reported in its model info."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
+        self._inflight: list[_PendingBatch] = []
+        """Batches queued on the device, not yet finished (worker thread only)."""
         metrics.NUM_PREEMPTIONS.labels("verifier", self.name)  # exported at 0 from the start
 
     def info(self) -> model_info_pb2.ModelInfo:
@@ -76,23 +79,25 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     async def Verify(self, request_iterator: AsyncIterator[verifier_pb2.VerifyRequest],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[verifier_pb2.VerifyResponse]:
         try:
-            async for resp in in_order(request_iterator, self.run_batch, self._pool):
+            async for resp in in_order(request_iterator, self.start_batch, self._pool):
                 yield resp
         except BatchRejected as e:
             await context.abort(e.code, str(e))
 
-    def run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
-        """Release, sync contexts, verify in one forward; one result per task, in task order."""
-        if not tracing.enabled():
-            return self._run_batch(batch)
+    def start_batch(self, batch: verifier_pb2.VerifyRequest) -> _PendingBatch:
+        """Release, sync contexts, queue the verification (``_PendingBatch.finish``: one result
+        per task, in task order)."""
         start_ns = time.time_ns()
         try:
-            resp = self._run_batch(batch)
+            return self._start_batch(batch, start_ns)
         except BatchRejected as e:
-            self._trace(batch, None, start_ns, e)
+            if tracing.enabled():
+                self._trace(batch, None, start_ns, e)
             raise
-        self._trace(batch, resp, start_ns)
-        return resp
+
+    def run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+        """``start_batch`` and its finish at once."""
+        return self.start_batch(batch).finish()
 
     def _trace(self, batch: verifier_pb2.VerifyRequest, resp: verifier_pb2.VerifyResponse | None,
                start_ns: int, error: BatchRejected | None = None) -> None:
@@ -109,8 +114,15 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                "spin.context_delta": len(t.context_delta), "spin.resync": r.resync})
              for t, r in zip(batch.tasks, results) if t.traceparent), error)
 
-    def _run_batch(self, batch: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+    def _start_batch(self, batch: verifier_pb2.VerifyRequest, start_ns: int) -> _PendingBatch:
         start = time.perf_counter()
+        ids = set(batch.release) | {t.request_id for t in batch.tasks}
+        for earlier in self._inflight:  # a request of a batch still on the device: finish it
+            if ids & earlier.ids:
+                for x in list(self._inflight):
+                    x.finish()
+                    if x is earlier:
+                        break
         for rid in batch.release:
             self.verifier.release(rid)
         runner, seqs = self.verifier.runner, self.verifier.seqs
@@ -149,11 +161,22 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                                                          tree, sampling, keep=task.keep,
                                                          logprobs=logprobs)))
         split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
-        verdicts = self.verifier.verify([r for _, r in work], split)
+        step = self.verifier.start([r for _, r in work], split)
+        pending = _PendingBatch(self, batch, ids, start, start_ns, work, results, split, step)
+        self._inflight.append(pending)
+        return pending
+
+    def _finish_batch(self, p: _PendingBatch) -> verifier_pb2.VerifyResponse:
+        """The batch's response once its verdicts are in (the cache committed)."""
+        self._inflight.remove(p)
+        batch, results, split = p.batch, p.results, p.split
+        runner = self.verifier.runner
+        blocks = runner.cache.blocks
+        verdicts = p.step.finish()
         if split.sizes:
             metrics.VERIFY_PADDED_FRACTION.observe(padded_fraction(split.sizes, split.groups))
             metrics.VERIFY_FORWARDS.observe(len(split.groups))
-        for (i, _), verdict in zip(work, verdicts):
+        for (i, _), verdict in zip(p.work, verdicts):
             if verdict is None:
                 results[i].preempted = True
                 metrics.NUM_PREEMPTIONS.labels("verifier", self.name).inc()
@@ -162,12 +185,41 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].num_accepted = verdict.num_accepted
             logprobs_to_proto(verdict.logprobs or (), results[i].logprobs)
             results[i].token_probs.extend(verdict.token_probs or ())
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - p.start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
                                       runner.cache.usage, len(self.verifier.seqs))
-        return verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
+        resp = verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
                                            verify_seconds=seconds, free_blocks=blocks.free_blocks,
                                            num_blocks=blocks.num_blocks)
+        if tracing.enabled():
+            self._trace(batch, resp, p.start_ns)
+        return resp
+
+
+@dataclass
+class _PendingBatch:
+    """A batch whose verification is queued (``Verifier.start``); ``finish`` (idempotent, on
+    the service's worker thread) builds its response once the device is done."""
+
+    service: VerifierService
+    batch: verifier_pb2.VerifyRequest
+    ids: set[str]
+    """Its tasks' and releases' request ids (a later batch naming one finishes it first)."""
+    start: float
+    start_ns: int
+    work: list[tuple[int, VerifyRequest]]
+    results: list[verifier_pb2.VerifyResult]
+    split: _Split
+    step: PendingStep
+    response: verifier_pb2.VerifyResponse | None = None
+
+    def ready(self) -> bool:
+        return self.response is not None or self.step.ready()
+
+    def finish(self) -> verifier_pb2.VerifyResponse:
+        if self.response is None:
+            self.response = self.service._finish_batch(self)
+        return self.response
 
 
 class _Split:
@@ -196,9 +248,11 @@ class BatchRejected(Exception):
 
 def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
         decompose: bool = True, step_times: StepTimesMode = "auto") -> None:
-    """Load the target, time its forwards, then serve until SIGTERM."""
+    """Load the target, capture its step graphs (CUDA), time its forwards, then serve until
+    SIGTERM."""
     service = VerifierService(model, runner, decompose=decompose)
     log.info("verifier %s", describe(service.verifier.runner))
+    service.verifier.runner.capture_graphs(progress=True)  # before timing: steps run as served
     service.measure_step_times(step_times)
     service_descriptor = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]
     cfg.service_names = [service_descriptor.full_name]

@@ -1,0 +1,277 @@
+"""``spin bench gpu``: what the project's own forward and services do on one accelerator.
+
+Parts (each selectable, each within its own time budget, run in this order):
+
+- ``target``: a random-initialised Llama-3-8B-shape target alone at batch 1, decode tokens/s
+  through ``ModelRunner`` with CUDA graphs off and on, against the **HBM limit** (weight bytes
+  over the device's measured copy bandwidth, bytes read plus written);
+- ``verify``: one verification forward of 1, 2, 4, 8, 16 chained tokens and of a 16-node tree
+  per request at batch 1/8/32/64, graphs off and on (bar: time(8) / time(1) <= 1.3 at batch 1);
+- ``baselines``: transformers' ``generate`` and assisted generation on the same shapes, and the
+  demo family in process (HF generate, HF assisted, the engine alone and speculating);
+- ``drafters``: ~68M, ~160M and ~1.2B-parameter shapes decoding at batch 1..64, graphs off and
+  on (bar: graphs >= 2x eager at batch 1);
+- ``e2e``: the demo family through ``spin serve``'s processes on the device, speculation auto vs
+  off, single stream and concurrent, greedy outputs compared (``bench/grid.py``'s cells);
+- ``services``: in process vs through the services (``bench/services.py``).
+
+The report (``gpu_report.py`` prints it) is written as JSON after every part, with the device
+name, torch version and date; a part that fails is recorded with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import transformers
+
+from ..engine.memory import format_size, resolve_device, resolve_dtype
+from .gpu_config import GpuBenchConfig
+from .gpu_report import bars
+from .gpu_runner import (Loaded, RunnerSpec, decode_step_s, open_runner, ratio_8_over_1,
+                         release_memory, verify_rows)
+from .gpu_shapes import Budget, Shape, build_random, copy_bandwidth
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class Run:
+    """One run's state: device, dtype, the report so far and the whole run's budget."""
+
+    def __init__(self, cfg: GpuBenchConfig, say: Callable[[str], None]) -> None:
+        self.cfg, self.say = cfg, say
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device, torch.bfloat16)
+        self.dtype_name = DTYPE_NAMES[self.dtype]
+        self.total = Budget(cfg.budget_s)
+        self.budgets: dict[str, Budget] = {}
+        self.report: dict = {"meta": meta(self.device, self.dtype_name, cfg), "parts": {}}
+
+    def part(self, name: str) -> dict:
+        """The report entry of part ``name`` (created on first use)."""
+        return self.report["parts"].setdefault(name, {"status": "ok", "wall_s": 0.0,
+                                                      "errors": []})
+
+    def budget(self, name: str) -> Budget:
+        """Part ``name``'s budget, from its first use on (capped by what the run has left)."""
+        if name not in self.budgets:
+            self.budgets[name] = Budget(min(self.cfg.part_budgets_s[name], self.total.left()))
+        return self.budgets[name]
+
+    def timed(self, name: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` as (a section of) part ``name``: its wall time added, an exception
+        recorded (the part marked ``error``), the report written."""
+        entry = self.part(name)
+        start = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # a part's failure is a result: record it and go on
+            entry["status"] = "error"
+            entry["errors"].append(f"{type(e).__name__}: {e}"[:4000])
+            self.say(f"[{name}] error: {type(e).__name__}: {e}\n"
+                     + "".join(traceback.format_exception(e)[-4:]))
+        finally:
+            entry["wall_s"] += time.perf_counter() - start
+            release_memory()
+            self.write()
+
+    def skip(self, name: str, why: str) -> None:
+        self.part(name).update(status="skipped", reason=why)
+        self.say(f"[{name}] skipped: {why}")
+
+    def runner_spec(self, kv: int, max_seqs: int = 64) -> RunnerSpec:
+        return RunnerSpec(str(self.device), self.dtype_name, kv, self.cfg.max_model_len, max_seqs)
+
+    def write(self) -> None:
+        """The report with its bars so far, to ``cfg.json_path`` (if set)."""
+        self.report["bars"] = bars(self.report)
+        path = self.cfg.json_path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.report, indent=1, default=str))
+
+
+def meta(device: torch.device, dtype: str, cfg: GpuBenchConfig) -> dict:
+    """Where and when the run ran."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out = {"device": str(device), "device_name": name, "dtype": dtype,
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "transformers": transformers.__version__,
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "config": cfg.as_dict()}
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        out["gpu_memory"] = {"total": format_size(total), "free_at_start": format_size(free)}
+    return out
+
+
+def run_gpu_bench(cfg: GpuBenchConfig, say: Callable[[str], None] = print) -> dict:
+    """Every selected part; the report (also written to ``cfg.json_path`` after each part)."""
+    from .gpu_serving import baselines_part, e2e_part, services_part
+
+    run = Run(cfg, say)
+    parts = cfg.selected
+    say(f"spin bench gpu on {run.report['meta']['device_name']} ({run.device}, "
+        f"{run.dtype_name}), parts {','.join(parts)}, budget {cfg.budget_s:.0f} s")
+    if {"target", "verify", "baselines"} & set(parts):
+        target_parts(run, parts, baselines_part)
+    for name, fn in (("drafters", drafters_part), ("e2e", e2e_part),
+                     ("services", services_part)):
+        if name not in parts:
+            continue
+        if run.total.left() < 5:
+            run.skip(name, f"the run's budget of {cfg.budget_s:.0f} s is spent")
+            continue
+        say(f"[{name}] ...")
+        run.timed(name, lambda fn=fn, name=name: fn(run, run.budget(name)))
+        say(f"[{name}] {run.part(name)['wall_s']:.1f} s")
+    run.report["wall_s"] = run.total.elapsed()
+    run.write()
+    return run.report
+
+
+def target_parts(run: Run, parts: tuple[str, ...],
+                 baselines: Callable[[Run, Budget, torch.nn.Module], None]) -> None:
+    """target, verify and baselines: one random target model shared by the three."""
+    cfg, shape = run.cfg, run.cfg.target_shape
+    first = next(p for p in ("target", "verify", "baselines") if p in parts)
+    holder: dict = {}
+    if run.total.left() < 5:
+        for p in ("target", "verify", "baselines"):
+            if p in parts:
+                run.skip(p, f"the run's budget of {cfg.budget_s:.0f} s is spent")
+        return
+
+    def build() -> None:
+        run.say(f"[{first}] building {shape.name} ({shape.params / 1e9:.2f}B parameters) "
+                f"on {run.device} in {run.dtype_name} ...")
+        t0 = time.perf_counter()
+        holder["model"] = build_random(shape, run.device, run.dtype, max_len=cfg.max_model_len)
+        entry = run.part(first)
+        entry["build_s"] = time.perf_counter() - t0
+        entry["shape"] = shape.as_dict()
+
+    run.timed(first, build)
+    if "model" not in holder:
+        for p in ("target", "verify", "baselines"):
+            if p in parts and p != first:
+                run.skip(p, f"building the model failed (see {first})")
+        return
+    for graphs, attention in VARIANTS:
+        if attention == "flex" and run.device.type != "cuda":
+            continue  # eager flex (torch's reference implementation) measures nothing
+        if "verify" in parts or ("target" in parts and attention == "sdpa"):
+            _one_runner(run, parts, holder["model"], graphs, attention)
+    if "baselines" in parts:
+        run.timed("baselines", lambda: baselines(run, run.budget("baselines"), holder["model"]))
+    holder.clear()
+    release_memory()
+    for p in ("target", "verify", "baselines"):
+        if p in parts:
+            run.say(f"[{p}] {run.part(p)['wall_s']:.1f} s")
+
+
+VARIANTS = ((False, "sdpa"), (True, "sdpa"), (True, "flex"))
+"""(CUDA graphs, attention) of the target's runners: decode on the first two, verification on
+all three (flex against SDPA over gathered keys chooses ``--attention``'s default on CUDA)."""
+
+
+def _one_runner(run: Run, parts: tuple[str, ...], model: torch.nn.Module, graphs: bool,
+                attention: str = "sdpa") -> None:
+    """The target part's decode and the verify part's points on one runner (graphs off or
+    on); building it counts to the target part (to verify without it)."""
+    opened: list[Loaded] = []
+    decode = "target" in parts and attention == "sdpa"
+    owner = "target" if decode else "verify"
+    spec = run.runner_spec(run.cfg.kv_cache_memory)
+    run.timed(owner, lambda: opened.append(open_runner(model, spec, graphs, attention)))
+    if not opened:
+        return
+    try:
+        if decode:
+            run.timed("target", lambda: _decode(run, opened[0]))
+        if "verify" in parts:
+            run.timed("verify", lambda: _verify(run, opened[0]))
+    finally:
+        opened[0].close()
+
+
+def _decode(run: Run, ld: Loaded) -> None:
+    cfg, entry = run.cfg, run.part("target")
+    if "bandwidth_bytes_s" not in entry:
+        bw = copy_bandwidth(run.device, cfg.bandwidth_bytes)
+        entry.update(bandwidth_bytes_s=bw, weight_bytes=ld.runner.weight_bytes,
+                     hbm_limit_ms=1e3 * ld.runner.weight_bytes / bw, rows=[])
+    step = decode_step_s(ld.runner, 1, cfg.decode_context, cfg.decode_tokens, cfg.reps)
+    row = {**ld.info(), "batch": 1, "step_ms": 1e3 * step, "tok_s": 1 / step,
+           "vs_hbm_limit": entry["hbm_limit_ms"] / (1e3 * step)}
+    entry["rows"].append(row)
+    run.say(f"[target] graphs {'on ' if ld.graphs else 'off'}: {row['tok_s']:.1f} tok/s "
+            f"({row['step_ms']:.2f} ms/step; HBM limit {entry['hbm_limit_ms']:.2f} ms, "
+            f"{row['vs_hbm_limit']:.2f} of it); load {ld.load_s:.1f} s, "
+            f"{ld.graphs_built} graphs in {ld.capture_s:.1f} s")
+
+
+def _verify(run: Run, ld: Loaded) -> None:
+    cfg, entry = run.cfg, run.part("verify")
+    t0 = time.perf_counter()
+    rows = verify_rows(ld.runner, cfg.verify_batches, cfg.verify_tokens, cfg.decode_context,
+                       cfg.verify_reps, run.budget("verify"))
+    for r in rows:
+        r["graphs"], r["graphs_active"], r["attention"] = ld.graphs, ld.static, ld.attention
+    entry.setdefault("rows", []).extend(rows)
+    if len(rows) < len(cfg.verify_batches) * (len(cfg.verify_tokens) + 1):
+        _partial(entry)
+    ratio = ratio_8_over_1(rows)
+    entry.setdefault("ratio_8_over_1_b1", {})[ld.mode] = ratio
+    run.say(f"[verify] {ld.mode}: {len(rows)} points in "
+            f"{time.perf_counter() - t0:.1f} s; time(8)/time(1) at batch 1 = "
+            + (f"{ratio:.2f}" if ratio is not None else "n/a"))
+
+
+def _partial(entry: dict) -> None:
+    """Mark a part that left points out for its budget (an error stays an error)."""
+    if entry["status"] == "ok":
+        entry["status"] = "partial"
+
+
+def drafters_part(run: Run, budget: Budget) -> None:
+    """Each drafter shape decoding at each batch, graphs off and on."""
+    cfg, entry = run.cfg, run.part("drafters")
+    entry["rows"] = rows = []
+    entry["shapes"] = [s.as_dict() for s in cfg.drafter_shapes]
+    for shape in cfg.drafter_shapes:
+        if budget.over():
+            _partial(entry)
+            break
+        model = build_random(shape, run.device, run.dtype, max_len=cfg.max_model_len)
+        for graphs in (False, True):
+            rows += _drafter_rows(run, shape, model, graphs, budget)
+        del model
+        release_memory()
+
+
+def _drafter_rows(run: Run, shape: Shape, model: torch.nn.Module, graphs: bool,
+                  budget: Budget) -> list[dict]:
+    cfg, rows = run.cfg, []
+    ld = open_runner(model, run.runner_spec(cfg.drafter_kv_cache_memory), graphs)
+    try:
+        for b in cfg.drafter_batches:
+            if budget.over():
+                break
+            step = decode_step_s(ld.runner, b, cfg.drafter_context, cfg.decode_tokens, cfg.reps)
+            rows.append({"model": shape.name, "params": shape.params, **ld.info(), "batch": b,
+                         "step_ms": 1e3 * step, "tok_s": b / step})
+        if len(rows) < len(cfg.drafter_batches):
+            _partial(run.part("drafters"))
+    finally:
+        ld.close()
+    run.say(f"[drafters] {shape.name} graphs {'on ' if graphs else 'off'}: "
+            + ", ".join(f"b={r['batch']} {r['step_ms']:.2f} ms" for r in rows)
+            + f" (load {ld.load_s:.1f} s, {ld.graphs_built} graphs in {ld.capture_s:.1f} s)")
+    return rows

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spin.bench.gpu import Run
+from spin.bench.gpu_run import Run
 from spin.bench.gpu_config import PARTS, GpuBenchConfig, parse_parts
 from spin.bench.gpu_report import bars, drafter_speedups, table
 from spin.bench.gpu_shapes import DRAFTERS, LLAMA3_8B, TINY_DRAFTERS, TINY_TARGET, build_random

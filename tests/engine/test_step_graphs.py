@@ -51,6 +51,10 @@ def test_buckets_cover_the_steps_they_should(family_dir: Path) -> None:
     assert g.bucket([1], 513) is None                 # past max_keys
     assert runner.cache.scratch == runner.cache.blocks.num_blocks
     assert "bucketed steps" in describe(g)
+    assert runner.capture_graphs() == 0          # nothing to capture on the CPU
+    assert g.prepare([Bucket(1, 1, 64), Bucket(2, 4, 128)]) == 2
+    assert g.prepare([Bucket(1, 1, 64)]) == 0    # built once
+    assert set(g.steps) == {Bucket(1, 1, 64), Bucket(2, 4, 128)}
 
 
 @torch.inference_mode()

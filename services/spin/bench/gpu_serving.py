@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
@@ -26,11 +25,10 @@ from ..engine.verifier import Verifier
 from ..router.config import RouterConfig
 from ..zoo.report import family_members
 from .engine_baselines import AssistSetting, HFBaselines, HFMethod
+from .gpu_run import Run
 from .gpu_runner import release_memory
 from .gpu_shapes import Budget, build_random, device_time, sync
 
-if TYPE_CHECKING:
-    from .gpu import Run
 
 CONSTANT4 = AssistSetting("constant-4", 4, "constant", 0.0)
 """transformers' assisted generation with 4 draft tokens per step (the engine's k = 4)."""

@@ -12,7 +12,7 @@ from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|services|api|policy|sweep|fit|ab|dataset|grid|gpu``."""
+    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|gpu``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
@@ -36,6 +36,15 @@ def _add_attention(bsub: argparse._SubParsersAction) -> None:
     ba.add_argument("--compile", action="store_true", help="time FlexAttention compiled")
     ba.add_argument("--json", help="write the rows as JSON to this file")
     ba.set_defaults(func=_bench_attention)
+    bt = bsub.add_parser("steps", help="a decode step of each demo model: eager vs bucketed vs "
+                         "compiled (CUDA graphs on CUDA)")
+    bt.add_argument("--models", default="draft-general,target",
+                    help="comma-separated demo family members")
+    bt.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    bt.add_argument("--device", default="cpu")
+    bt.add_argument("--json", help="write the rows as JSON to this file")
+    bt.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    bt.set_defaults(func=_bench_steps)
 
 
 def _add_services(bsub: argparse._SubParsersAction) -> None:
@@ -178,6 +187,15 @@ def _bench_engine(args: argparse.Namespace) -> int:
           + (f" (differed: {r['hf_mismatches']})" if not r["hf_lossless"] else ""))
     write_json(args.json, r)
     return 0 if r["lossless"] else 1
+
+
+def _bench_steps(args: argparse.Namespace) -> int:
+    from ..bench.steps import run_steps_bench
+
+    rows = run_steps_bench(args.family_dir, tuple(args.models.split(",")),
+                           tuple(int(b) for b in args.batches.split(",")), device=args.device)
+    write_json(args.json, {"rows": rows, "device": args.device})
+    return 0
 
 
 def _bench_attention(args: argparse.Namespace) -> int:

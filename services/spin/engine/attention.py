@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from .transfer import to_device
 from .tree import ancestors
 
 AttentionMode = Literal["sdpa", "flex"]
@@ -51,9 +52,9 @@ def ragged_layout(tokens: list[list[int] | tuple[int, ...]],
     lq = max(sizes)
     ar = iota(lk + 1)
     pad = [lq - n for n in sizes]
-    ids = torch.tensor([list(t) + [0] * p for t, p in zip(tokens, pad)], device=dev)  # [B, Lq]
-    ctx = torch.tensor(ctx_lengths, device=dev)                                       # [B]
-    n = torch.tensor(sizes, device=dev)                                               # [B]
+    ids = to_device([list(t) + [0] * p for t, p in zip(tokens, pad)], dev)           # [B, Lq]
+    ctx = to_device(ctx_lengths, dev)                                                # [B]
+    n = to_device(sizes, dev)                                                        # [B]
     valid = ar[None, :lq] < n[:, None]                                                # [B, Lq]
     anc = None
     if all(p is None for p in parents):  # causal, depth = index + 1
@@ -61,7 +62,7 @@ def ragged_layout(tokens: list[list[int] | tuple[int, ...]],
     else:  # ancestors on the host (a loop over depths), then one copy
         table = torch.tensor([list(p if p is not None else range(-1, len(t) - 1)) + [-1] * k
                               for t, p, k in zip(tokens, parents, pad)])              # [B, Lq]
-        anc, depth = (x.to(dev) for x in ancestors(table))
+        anc, depth = (to_device(x, dev) for x in ancestors(table))
     positions = ctx[:, None] + depth - 1                                              # [B, Lq]
     out = {"tokens": ids, "valid": valid, "positions": positions, "ctx": ctx, "n": n,
            "anc": anc, "mask": None}

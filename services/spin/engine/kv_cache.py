@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .block_manager import BlockManager, CacheFull
+from .transfer import to_device
 
 __all__ = ["BlockManager", "CacheFull", "KVCache", "Paged"]
 
@@ -65,9 +66,9 @@ def write_slots(pool: torch.Tensor, layer: int, slots: torch.Tensor, values: tor
                 ) -> None:
     """``_write_slots`` as an operator of its own, for compiled steps: traced as a plain
     ``index_copy_`` into the cache, inductor copied the whole pool every step (a step of
-    draft-general at batch 1 took 22.9 ms compiled against 2.7 ms eager on this project's CPU;
-    2.9 ms with this operator). Eager steps call ``_write_slots`` (an operator call costs about 30 us of
-    Python)."""
+    draft-general at batch 1 took 22.9 ms compiled against 2.7 ms eager in a one-off timing on
+    this project's CPU; 2.9 ms with this operator). Eager steps call ``_write_slots`` (an
+    operator call costs about 30 us of Python)."""
     _write_slots(pool, layer, slots, values)
 
 
@@ -117,7 +118,7 @@ class KVCache:
         """Blocks for ``tokens`` positions of ``seq`` (``CacheFull`` when too few are free)."""
         new = [b for b in self.blocks.reserve(seq, tokens) if not self._zeroed[b]]
         if new:
-            idx = torch.tensor(new, device=self.device)
+            idx = to_device(new, self.device)
             self.k[:, idx] = 0
             self.v[:, idx] = 0
             for b in new:
@@ -151,10 +152,10 @@ class KVCache:
             items.extend([i] * n)
             cols.extend(range(n))
         dev = self.device
-        table = torch.tensor([tables[s][:width] + [0] * (width - len(tables[s][:width]))
-                              for s in seqs], device=dev)                             # [B, MB]
-        return Paged(lk, None, torch.tensor(blocks, device=dev), torch.tensor(offsets, device=dev),
-                     (torch.tensor(items, device=dev), torch.tensor(cols, device=dev)), table)
+        table = to_device([tables[s][:width] + [0] * (width - len(tables[s][:width]))
+                           for s in seqs], dev)                                       # [B, MB]
+        return Paged(lk, None, to_device(blocks, dev), to_device(offsets, dev),
+                     (to_device(items, dev), to_device(cols, dev)), table)
 
     def write(self, layer: int, paged: Paged, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys and values, k and v [B, Lq, KVH, hd]."""
@@ -189,9 +190,9 @@ class KVCache:
             return
         bs, table = self.block_size, self.blocks.tables[seq]
         dst = range(start, start + len(positions))
-        sb = torch.tensor([table[p // bs] for p in positions], device=self.device)
-        so = torch.tensor([p % bs for p in positions], device=self.device)
-        db = torch.tensor([table[p // bs] for p in dst], device=self.device)
-        do = torch.tensor([p % bs for p in dst], device=self.device)
+        sb = to_device([table[p // bs] for p in positions], self.device)
+        so = to_device([p % bs for p in positions], self.device)
+        db = to_device([table[p // bs] for p in dst], self.device)
+        do = to_device([p % bs for p in dst], self.device)
         self.k[:, db, do] = self.k[:, sb, so]
         self.v[:, db, do] = self.v[:, sb, so]

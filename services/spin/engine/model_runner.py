@@ -38,6 +38,7 @@ from .quant import Int8Linear, Quantization, linear
 from .quant import resolve as resolve_quantization
 from .step_graphs import GraphConfig, StepGraphs, iter_rows, static_mask, static_paged
 from .step_graphs import describe as describe_graphs
+from .transfer import to_device
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -337,8 +338,8 @@ class ModelRunner:
             logits_from = [n - 1 for n in sizes]
         if logits_from is not None and any(logits_from):
             lr = max(n - f for n, f in zip(sizes, logits_from))
-            rows = torch.tensor([[min(f + j, n - 1) for j in range(lr)]
-                                 for n, f in zip(sizes, logits_from)], device=self.device)  # [B, Lr]
+            rows = to_device([[min(f + j, n - 1) for j in range(lr)]
+                              for n, f in zip(sizes, logits_from)], self.device)     # [B, Lr]
             x = x.gather(1, rows[:, :, None].expand(b, lr, x.shape[-1]))               # [B, Lr, D]
         return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lr, V']
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from .logprobs import TokenLogprobs
 from .sampling import SamplingParams, probs_from_logits
+from .transfer import to_device
 from .tree import TokenTree
 
 
@@ -102,8 +103,8 @@ def stochastic_path(tree: TokenTree, target_probs: torch.Tensor, uniforms: torch
     rows; ``uniforms`` [depth * width + 1] (``num_uniforms``)."""
     dev, v = target_probs.device, target_probs.shape[-1]
     table, width, depth = _children_table(tree)
-    kids = torch.tensor(table, device=dev)                                              # [N + 1, W]
-    tokens = torch.tensor(list(tree.tokens) or [0], device=dev)                        # [N]
+    kids = to_device(table, dev)                                                       # [N + 1, W]
+    tokens = to_device(list(tree.tokens) or [0], dev)                                  # [N]
     q_all = None
     if tree.draft_probs is not None and len(tree):
         q_all = tree.draft_probs.to(dev).float()                                       # [N, Vd]
@@ -225,7 +226,7 @@ def emitted_probs(target_probs: torch.Tensor, tree: TokenTree, path: torch.Tenso
     dev = path.device
     nodes = path[:-1]                                                                  # [D]
     final = path[-1:]                                                                  # [1]
-    tokens = torch.tensor(list(tree.tokens) or [0], device=dev)                       # [N]
+    tokens = to_device(list(tree.tokens) or [0], dev)                                  # [N]
     emitted = torch.cat([torch.where(nodes >= 0, tokens[nodes.clamp(min=0)], final), final])
     rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), nodes + 1]).clamp(min=0)
     return target_probs[rows, emitted]                                                 # [D + 1]

@@ -26,9 +26,10 @@ Steps outside the buckets (a prefill, a batch past the largest bucket, a context
 
 On the CPU the same bucketed step runs eager (``GraphConfig.capture`` off) or compiled by
 inductor (``compile``); the tests prove its output equals the eager forward's, token for token.
-Neither is the CPU's default (one-off timings, 2 cores, medians of 30 decode steps at context
-100): padding keys to 256 made draft-general's step 3.72 ms against 3.16 eager at batch 1, 8.99
-against 6.24 at batch 8; compiled 2.96 and 7.86 ms after 17.8 and 11.3 s of compiling a bucket.
+Neither is the CPU's default (``spin bench steps``, ``benchmarks/cpu/bench-steps.json``: 2
+cores, medians of 30 decode steps at context 100): padding keys to 256 made draft-general's step
+4.76 ms against 3.72 eager at batch 1, 9.18 against 8.65 at batch 8; compiled 3.74 and 7.20 ms,
+after 20.3 and 11.7 s of compiling a bucket.
 
 CUDA graphs with static buffers rather than ``torch.compile(mode="reduce-overhead")``: the
 buckets, the capture at start, the shared memory pool and the outputs (hidden states, not
@@ -38,19 +39,38 @@ needs no compiler at all; ``--compile`` composes with it (compiled, then capture
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import product
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from .kv_cache import Paged
+from .kv_cache import KVCache, Paged
 from .tree import ancestors
 
-if TYPE_CHECKING:
-    from .kv_cache import KVCache
-    from .model_runner import ForwardItem, ModelRunner
+
+class StepItem(Protocol):
+    """New tokens of one request (``model_runner.ForwardItem``)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def tokens(self) -> Sequence[int]: ...
+    @property
+    def parents(self) -> Sequence[int] | None: ...
+
+
+class StaticRunner(Protocol):
+    """What the bucketed steps use of their ``model_runner.ModelRunner``."""
+
+    device: torch.device
+    cache: KVCache
+    max_len: int
+
+    def static_body(self, tokens: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor,
+                    anc: torch.Tensor, table: torch.Tensor, slots: torch.Tensor
+                    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +143,7 @@ class _Layout:
 class StepGraphs:
     """The bucketed steps of one ``ModelRunner`` (built by it when graphs or compile are on)."""
 
-    runner: ModelRunner
+    runner: StaticRunner
     config: GraphConfig
     steps: dict[Bucket, _Step] = field(default_factory=dict)
     pool: object | None = None
@@ -168,6 +188,7 @@ class StepGraphs:
             return None
         return Bucket(b, q, k)
 
+    @torch.inference_mode()  # as forwards run (the weights are parameters that want grads)
     def prepare(self, buckets: list[Bucket] | None = None, progress: bool = False) -> int:
         """Build (on CUDA: capture) the steps of ``buckets`` (default: all) now, not at first
         use; returns how many were built."""
@@ -210,7 +231,7 @@ class StepGraphs:
 
         return _Step(host, buf, replay, torch.cuda.Event())
 
-    def forward(self, items: list[ForwardItem], rows: list[list[int]], lk: int
+    def forward(self, items: list[StepItem], rows: list[list[int]], lk: int
                 ) -> torch.Tensor | None:
         """Hidden states [B, Lr, D] of ``rows[i]`` of item i (the final norm applied), or None
         when the batch fits no bucket (run it eager). Blocks are reserved already."""
@@ -251,7 +272,7 @@ def _fill_idle(lay: _Layout, scratch: int | None, block_size: int) -> None:
     lay.rows.zero_()
 
 
-def _fill(lay: _Layout, items: list[ForwardItem], rows: list[list[int]], cache: KVCache,
+def _fill(lay: _Layout, items: list[StepItem], rows: list[list[int]], cache: KVCache,
           block_size: int) -> None:
     """Write a batch's inputs into a bucket's (host) buffer: a few tensor writes per step,
     none per request (a per-request write costs microseconds of host time each)."""

@@ -16,6 +16,7 @@ import torch
 
 from ..engine.logprobs import TokenLogprobs
 from ..engine.sampling import SamplingParams
+from ..engine.transfer import to_device
 from ..engine.tree import TokenTree
 from ..v1 import sampling_pb2, token_tree_pb2
 
@@ -101,7 +102,7 @@ def tree_from_proto(msg: token_tree_pb2.TokenTree, vocab_size: int,
                 probs[i, ids] = values
             if not mass > 0:
                 raise ValueError(f"probability row {i} has no mass")
-        probs = probs.to(device)
+        probs = to_device(probs, device)
     if any(not 0 <= t < vocab_size for t in msg.tokens):
         raise ValueError("tree token outside the vocabulary")
     return TokenTree(tuple(msg.tokens), tuple(msg.parents), probs)

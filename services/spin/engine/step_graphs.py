@@ -155,7 +155,7 @@ class StepGraphs:
         dev = self.runner.device
         self.capture = self.config.capture and dev.type == "cuda"
         bs = self.runner.cache.block_size
-        top = min(self.config.max_keys, self.runner.max_len + self.config.query_sizes[-1])
+        top = min(self.config.max_keys, self.runner.max_len)  # a step never passes max_len
         keys, k = [], -(-self.config.min_keys // bs) * bs
         while True:
             keys.append(k)

@@ -114,3 +114,31 @@ def test_a_pending_batch_frees_the_worker_until_its_device_is_done() -> None:
     assert asyncio.run(main()) == [0, 10, 20]
     assert log.index("start 1") < log.index("finish 0")
     assert log.count("finish 0") == 1
+
+
+def test_a_pending_batch_nobody_reads_still_finishes() -> None:
+    """The stream's reader goes away while a batch is on the device: it finishes anyway (its
+    requests' caches are committed), on the worker, once."""
+    worker = ThreadPoolExecutor(1)
+    finished = threading.Event()
+    calls: list[int] = []
+
+    class Queued:
+        def ready(self) -> bool:
+            return False  # the device never answers while the reader waits
+
+        def finish(self) -> int:
+            calls.append(1)
+            finished.set()
+            return 1
+
+    async def main() -> None:
+        gen = in_order(_stream([0], []), lambda b: Queued(), worker)
+        reading = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.05)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(main())
+    assert finished.wait(5) and calls == [1]

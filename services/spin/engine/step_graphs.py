@@ -213,8 +213,8 @@ class StepGraphs:
         def run() -> torch.Tensor:
             return body(lay.tokens, lay.ctx, lay.n, lay.anc, lay.table, lay.slots)
 
-        if not self.capture:
-            return _Step(host, buf, run)
+        if not self.capture:  # eager or compiled; on CUDA its copy is ordered by an event too
+            return _Step(host, buf, run, torch.cuda.Event() if dev.type == "cuda" else None)
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):  # warm-up (allocator, autotuning) outside the capture

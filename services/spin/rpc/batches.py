@@ -67,17 +67,36 @@ async def in_order(batches: AsyncIterator[Batch], run: Callable[[Batch], Result]
         while (result := await queued.get()) is not None:
             value = await result
             if hasattr(value, "finish"):  # a Pending: the worker is free until the device is done
-                while not value.ready():
-                    await asyncio.sleep(POLL_S)
-                value = await loop.run_in_executor(worker, value.finish)
+                try:
+                    while not value.ready():
+                        await asyncio.sleep(POLL_S)
+                    value = await loop.run_in_executor(worker, value.finish)
+                except BaseException:  # cancelled: its work is committed all the same
+                    settle(worker, value)
+                    raise
             room.release()
             yield value
         await receiver  # the stream's own error, if it ended with one
     finally:
         receiver.cancel()
-        while not queued.empty():  # results nobody will read
+        while not queued.empty():  # results nobody will read (a Pending still finishes)
             if (left := queued.get_nowait()) is not None:
-                left.add_done_callback(retrieved)
+                left.add_done_callback(lambda f: abandoned(worker, f))
+
+
+def abandoned(worker: ThreadPoolExecutor, future: asyncio.Future) -> None:
+    """Done callback of a batch nobody will read: its exception retrieved, its ``Pending``
+    settled."""
+    if not future.cancelled() and future.exception() is None:
+        settle(worker, future.result())
+
+
+def settle(worker: ThreadPoolExecutor, value: object) -> None:
+    """Finish a ``Pending`` nobody will read, on the worker after what it already holds (a
+    batch's work is committed whether or not its stream is still there; ``finish`` is
+    idempotent)."""
+    if hasattr(value, "finish"):
+        worker.submit(value.finish).add_done_callback(lambda f: f.exception())
 
 
 def retrieved(future: asyncio.Future) -> None:

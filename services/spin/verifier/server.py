@@ -14,8 +14,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -117,12 +117,9 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     def _start_batch(self, batch: verifier_pb2.VerifyRequest, start_ns: int) -> _PendingBatch:
         start = time.perf_counter()
         ids = set(batch.release) | {t.request_id for t in batch.tasks}
-        for earlier in self._inflight:  # a request of a batch still on the device: finish it
-            if ids & earlier.ids:
-                for x in list(self._inflight):
-                    x.finish()
-                    if x is earlier:
-                        break
+        named = [i for i, x in enumerate(self._inflight) if ids & x.ids]
+        for x in self._inflight[:named[-1] + 1] if named else []:
+            x.finish()  # a request of a batch still on the device: that batch finishes first
         for rid in batch.release:
             self.verifier.release(rid)
         runner, seqs = self.verifier.runner, self.verifier.seqs

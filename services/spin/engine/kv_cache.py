@@ -77,10 +77,13 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_blocks: int, kv_heads: int, head_dim: int,
                  max_seqs: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", scratch: bool = False) -> None:
+                 device: torch.device | str = "cpu", scratch: bool = False,
+                 zeroed: bool = False) -> None:
         """``scratch``: one block more than ``num_blocks``, never handed out, where padded tokens
         of static-shape steps write and which padded block-table entries read (zeros and
-        finite values only: a masked key must not carry a NaN into attention)."""
+        finite values only: a masked key must not carry a NaN into attention). ``zeroed``: the
+        whole pool zeroed at once, for attention that reads keys of blocks never handed out
+        (eager FlexAttention scores the whole pool; 0 x NaN from uninitialised memory is NaN)."""
         shape = (num_layers, num_blocks + int(scratch), block_size, kv_heads, head_dim)
         # empty, not zeros: a block is zeroed when first taken (``reserve``), so on CPU the
         # budget becomes resident as it is used, not all at start
@@ -90,6 +93,10 @@ class KVCache:
         self.block_size = block_size
         self.device = torch.device(device)
         self._zeroed = bytearray(num_blocks)  # blocks ever written: nothing uninitialised is read
+        if zeroed:
+            self.k.zero_()
+            self.v.zero_()
+            self._zeroed = bytearray(b"\x01" * num_blocks)
         self.scratch: int | None = num_blocks if scratch else None
         """Index of the scratch block (None without one)."""
         if scratch:

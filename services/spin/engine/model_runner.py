@@ -170,7 +170,8 @@ class ModelRunner:
         static = not self.batch_invariant and (compile or (cuda_graphs
                                                            and self.device.type == "cuda"))
         self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
-                             max_seqs, block_size, dtype, self.device, scratch=static)
+                             max_seqs, block_size, dtype, self.device, scratch=static,
+                             zeroed=attention == "flex")
         self.graphs: StepGraphs | None = StepGraphs(self, GraphConfig(
             capture=cuda_graphs, compile=compile)) if static else None
         """Bucketed static-shape steps (``step_graphs.py``), or None: every step eager."""

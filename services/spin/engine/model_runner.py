@@ -338,10 +338,8 @@ class ModelRunner:
         if last_only:
             logits_from = [n - 1 for n in sizes]
         if logits_from is not None and any(logits_from):
-            lr = max(n - f for n, f in zip(sizes, logits_from))
-            rows = to_device([[min(f + j, n - 1) for j in range(lr)]
-                              for n, f in zip(sizes, logits_from)], self.device)     # [B, Lr]
-            x = x.gather(1, rows[:, :, None].expand(b, lr, x.shape[-1]))               # [B, Lr, D]
+            rows = to_device(list(iter_rows(sizes, False, logits_from)), self.device)  # [B, Lr]
+            x = x.gather(1, rows[:, :, None].expand(b, rows.shape[1], x.shape[-1]))    # [B, Lr, D]
         return linear(self._rms(x, self.norm), self.lm_head)                          # [B, Lr, V']
 
 

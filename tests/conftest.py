@@ -62,9 +62,11 @@ def serving(tmp_path_factory: pytest.TempPathFactory):
     from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
-    router = RouterConfig(scheduler=SchedulerConfig(max_batch=32),
+    log_dir = tmp_path_factory.mktemp("serve")
+    router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
+                                                    step_trace=str(log_dir / "steps.jsonl")),
                           policy_config={"guard": {"enabled": False}})
-    emb = Embedded(ServeConfig(port=0, log_dir=tmp_path_factory.mktemp("serve"), router=router))
+    emb = Embedded(ServeConfig(port=0, log_dir=log_dir, router=router))
     emb.start()
     assert emb.redis is not None, "the service tests need redis-server (make test installs it)"
     yield emb

@@ -77,3 +77,17 @@ def test_the_replay_leaves_out_a_drafter_that_never_fits() -> None:
     every = summarize(recs, ["a", "b", "c"], LearnedPolicyConfig(fit_prune_after=0))
     assert every["signals"]["prompt_record"]["scorers_per_prompt"] == 3.0
     assert r["hits"] == every["signals"]["prompt_record"]["hits"]
+
+
+def test_the_deficit_weight_is_the_slope_of_acceptance_lost_on_agreement_behind() -> None:
+    # b is 0.1 behind a's prompt agreement and 0.3 below its output acceptance, c 0.05 behind
+    # and 0.15 below: slope 3; d, 0.5 behind, is left out (not a near tie)
+    recs = [_rec(a=(0.9, 0.6, 0.0), b=(0.6, 0.5, 0.0), c=(0.75, 0.55, 0.0), d=(0.0, 0.1, 0.0))
+            for _ in range(3)]
+    r = summarize(recs, ["a", "b", "c", "d"])
+    dw = r["deficit_weight"]
+    assert dw["points"] == 6 and dw["slope"] == pytest.approx(3.0)
+    assert set(dw["replay"]) == {"0", "1", "2", "3", "4", "6"}
+    # the replay at the default weight is the prompt-record signal itself
+    assert LearnedPolicyConfig().fit_deficit_weight == 3.0
+    assert dw["replay"]["3"] == r["signals"]["prompt_record"]

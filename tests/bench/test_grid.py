@@ -17,12 +17,18 @@ def test_a_greedy_cell_of_long_prompts_is_lossless_and_reported(serving: Embedde
     cfg = GridConfig(quick=True, concurrencies=(2,), temperatures=(0.0,), prompt_sets=("long",))
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens)
     cell = _cell(serving, cfg, bench, "long", 0.0, 2)
-    assert cell["requests"] == 8 and cell["greedy_mismatches"] == 0
+    # two passes (off, auto, then auto, off): every output of both equals off's first
+    assert cell["requests"] == 8 and cell["rounds"] == 2 and cell["greedy_mismatches"] == 0
     off, auto = cell["modes"]["off"], cell["modes"]["auto"]
     assert off["tau"] == 1.0 and auto["tau"] >= 1.0  # off: one token a step
     assert cell["auto_over_off"] == auto["tokens_per_s"] / off["tokens_per_s"] > 0
+    assert len(off["tokens_per_s_by_round"]) == len(cell["auto_over_off_by_round"]) == 2
+    # the cell's rate lies between its passes' (tokens over wall time, summed)
+    assert (min(off["tokens_per_s_by_round"]) <= off["tokens_per_s"]
+            <= max(off["tokens_per_s_by_round"]))
     report = {"config": {"fixed": None}, "cells": [cell]}
-    assert table(report).splitlines()[2].startswith("| long | 0 | 2 |")
+    row = table(report).splitlines()[2]
+    assert row.startswith("| long | 0 | 2 |") and row.count(", ") == 1
     plot_grid(report, tmp_path / "grid.png")
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
 

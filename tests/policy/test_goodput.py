@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP
+from spin.policy.choice import StepPrediction
 from spin.timing.cost_model import CostModel
 from spin.policy.goodput import (DEFAULT_TABLE, ControllerConfig, SpecLengthController,
                                  expected_tokens)
@@ -246,27 +247,69 @@ def test_config_validation() -> None:
         ControllerConfig(objective="fastest")  # type: ignore[arg-type]
 
 
+def _served(ctl: SpecLengthController, batch: list[tuple[str, str | None, int]],
+            ks: list[int], verify_s: float, draft_s: dict[str, float]) -> None:
+    """One served step of ``ks`` that measured ``verify_s`` and ``draft_s``, calibrating."""
+    drafts, verify = ctl.predicted_parts(batch, ks)
+    _, plain = ctl.predicted_parts(batch, [0] * len(ks))
+    ctl.calibrate(StepPrediction(ctl.step_s(drafts, verify), drafts, verify, plain_s=plain),
+                  draft_s, verify_s)
+
+
 def test_calibration_converges_to_the_served_step_time() -> None:
-    """Serving adds 6 ms to every verification and 3 ms to every draft call (round trips): the
-    calibrated model predicts the served step within 1% after 60 steps; with calibration off it
-    keeps the profile's prediction."""
+    """Serving makes a plain verification 1.2x the profile's, what speculating adds to it 3x and
+    a draft call 2x (cores shared by every process): after 60 plain steps and 60 speculating
+    ones the calibrated model predicts both within 1%; with calibration off it keeps the
+    profile's prediction."""
     def model() -> CostModel:
         return CostModel(verify=(1e-2, 0.0, 1e-4, 0.0, 0.0), draft={"d": (5e-4, 1e-3, 0.0, 0.0)})
 
     batch = [("a", "d", 100), ("b", "d", 300)]
     ks = [3, 2]
     truth = model()
-    served_verify = truth.predict_verify(2, 7, 400) + 0.006
-    served_draft = truth.predict_draft_ragged("d", ks, [100, 300]) + 0.003
+    plain = truth.predict_verify(2, 2, 400)
+    served_plain = 1.2 * plain
+    served_verify = served_plain + 3 * (truth.predict_verify(2, 7, 400) - plain)
+    served_draft = 2 * truth.predict_draft_ragged("d", ks, [100, 300])
     on, off = SpecLengthController(model()), SpecLengthController(model(),
                                                                   ControllerConfig(calibration=0))
     for ctl in (on, off):
         for _ in range(60):
-            drafts, verify = ctl.predicted_parts(batch, ks)
-            ctl.calibrate(drafts, verify, {"d": served_draft}, served_verify)
+            _served(ctl, batch, [0, 0], served_plain, {})
+            _served(ctl, batch, ks, served_verify, {"d": served_draft})
+    assert on.predicted_step_s(batch, [0, 0]) == pytest.approx(served_plain, rel=0.01)
     assert on.predicted_step_s(batch, ks) == pytest.approx(served_verify + served_draft, rel=0.01)
     assert off.predicted_step_s(batch, ks) == pytest.approx(
-        served_verify + served_draft - 0.009, rel=1e-9)
+        truth.predict_verify(2, 7, 400) + served_draft / 2, rel=1e-9)
+
+
+def test_a_calibrated_marginal_cost_turns_speculation_off_where_it_measured_a_loss() -> None:
+    """The profile says speculation pays for 8 requests at acceptance 0.5; served steps measure
+    what speculating adds to the verification at 4x its prediction: the controller then keeps
+    k = 0 there over the plain steps that follow, until the evidence has aged (``calibration
+    .FORGET_SHARE``); it tries speculation again, and steps that still measure 4x price it out
+    once more."""
+    cost = CostModel(verify=(0.02, 0.0, 5e-4, 0.0, 0.0), draft={"d": (1e-3, 1e-3, 0.0, 0.0)})
+    ctl = _ctl(cost, {"d": 0.5})
+    batch = _batch(8)
+    ks = ctl.choose(batch)
+    assert max(ks) > 0
+    raw_plain = cost.predict_verify(8, 8, sum(c for _, _, c in batch))
+    raw = cost.predict_verify(8, 8 + sum(ks), sum(c for _, _, c in batch))
+    drafts, _ = ctl.predicted_parts(batch, ks)
+    for _ in range(40):
+        _served(ctl, batch, ks, raw_plain + 4 * (raw - raw_plain), drafts)
+    assert ctl.choose(batch) == [0] * 8
+    for _ in range(20):
+        _served(ctl, batch, [0] * 8, raw_plain, {})
+    assert ctl.choose(batch) == [0] * 8
+    for _ in range(400):
+        _served(ctl, batch, [0] * 8, raw_plain, {})
+    ks = ctl.choose(batch)
+    assert max(ks) > 0
+    for _ in range(40):
+        _served(ctl, batch, ks, raw_plain + 4 * (raw - raw_plain), drafts)
+    assert ctl.choose(batch) == [0] * 8
 
 
 def _rates(c: SpecLengthController, batch: list[tuple[str, str | None, int]],

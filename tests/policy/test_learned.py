@@ -190,12 +190,17 @@ def test_predicted_step_time_is_exposed() -> None:
     p = plan.prediction
     assert c.k > 0 and abs(p.step_s - (0.010 + 1e-4 * (c.k + 1) + draft)) < 1e-6
     assert p.verify_s == pytest.approx(0.010 + 1e-4 * (c.k + 1))
+    # what it is weighed against: the same step plain, and the tokens it expects
+    a = policy.controller.tracker.get("a", c.drafter)
+    assert p.plain_s == pytest.approx(0.010 + 1e-4) and p.prefill_tokens == 0
+    assert p.tokens == pytest.approx((1 - a ** (c.k + 1)) / (1 - a))
     plan = policy.choose([_view("b", "drafter", "draft-code", 4)], DRAFTERS)
     assert plan.prediction is None  # nothing chosen by the model: nothing predicted
     # a first step: the verifier prefills the 200-token prompt as well as the k drafted tokens
     plan = policy.choose([RequestView("c", 200, 0, 100, True)], DRAFTERS)
     (c,) = plan
     assert plan.prediction.verify_s == pytest.approx(0.010 + 1e-4 * (200 + c.k))
+    assert plan.prediction.prefill_tokens == 199
 
 
 def _generated(rid: str, generated: int) -> RequestView:
@@ -399,19 +404,19 @@ def test_a_plain_step_rewards_the_drafter_that_gave_it() -> None:
 
 def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_scoring() -> None:
     policy = LearnedPolicy(cost=_cost())
-    cost = policy.controller.cost
-    verify0, code0 = cost.verify[0], cost.draft["draft-code"][0]
-    pred = StepPrediction(0.02, {"draft-code": 0.004}, 0.016)
-    # served: verify 6 ms slower, draft-code 2 ms slower
+    cal = policy.controller.calibration
+    # predicted: 12 ms for the plain verification, 4 ms more for speculating, 4 ms of drafting;
+    # served: the verification took 10 ms beyond the plain prediction, draft-code 6 ms
+    pred = StepPrediction(0.02, {"draft-code": 0.004}, 0.016, plain_s=0.012)
     observe_step(policy, pred, {"draft-code": 0.006}, 0.022)
-    assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
-    assert cost.draft["draft-code"][0] == pytest.approx(code0 + 0.1 * 0.002)
-    # draft-prose scored a request while the verifier ran: the verification is not a clean
-    # sample, but what the scoring added (24 ms) is
-    observe_step(policy, StepPrediction(0.02, {"draft-code": 0.004}, 0.016, scoring_work=(1, 12)),
-                        {"draft-code": 0.006}, 0.040)
-    assert cost.verify[0] == pytest.approx(verify0 + 0.1 * 0.006)
-    assert cost.draft["draft-code"][0] == pytest.approx(code0 + 2 * 0.1 * 0.002)
+    assert (cal.plain, cal.marginal) == (1.0, pytest.approx(1 + 0.1 * (0.010 / 0.004 - 1)))
+    assert cal.draft("draft-code") == pytest.approx(1 + 0.1 * 0.5)
+    # draft-prose scored a request while the verifier ran, or a request prefilled: the
+    # verification is not a clean sample (what the scoring added, 24 ms, is), the drafts are
+    for extra in ({"scoring_work": (1, 12)}, {"prefill_tokens": 200}):
+        observe_step(policy, replace(pred, **extra), {"draft-code": 0.006}, 0.040)
+    assert cal.marginal == pytest.approx(1 + 0.1 * (0.010 / 0.004 - 1))
+    assert cal.draft("draft-code") == pytest.approx((1 + 0.1 * 0.5) ** 3)
     assert policy.scoring_cost.steps == 1
     assert 0.010 < policy.scoring_cost.predict(1, 12) <= 0.024  # one step: toward 24 ms
 

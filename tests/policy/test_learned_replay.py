@@ -6,10 +6,10 @@ The recording was taken from the policy as it was before its per-request state m
 object (``request_state.py``) and ``choose`` into phases (drafters, k, scoring, prediction); any
 change to what the policy chooses shows up here as the first step that differs. Re-record
 (``python tests/policy/test_learned_replay.py``) only for a change meant to alter the choices, and
-say so where the change is described. Last re-recorded when runner-up rounds were removed (the
-``no_cost_model`` scenario had them on) and the policy's reports became one ``StepOutcome``: the
-other scenarios' choices stayed the same, their predictions differ in the last bit of a float
-(a step's verification time is now its whole time less its drafting).
+say so where the change is described. Last re-recorded when the cost model's online calibration
+became multiplicative per part (``calibration.py``: plain verification, what speculating adds,
+each drafter) instead of shifting per-call constants: the served step times here derive from
+the prediction, so the corrections and every later choice differ.
 
 Each scenario runs a small synthetic deployment: requests of three kinds arrive, share batches of
 up to four, accept draft tokens at their kind's rate per drafter (a seeded ``random.Random``), score

@@ -298,3 +298,32 @@ def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(serving) -> Non
         used[domain] = steps
     assert max(used["code"], key=used["code"].get) == "draft-code", used
     assert max(used["prose"], key=used["prose"].get) == "draft-prose", used
+
+
+def test_the_step_trace_records_each_step_the_stream_reported(serving) -> None:
+    """``--step-trace``: one line per verified step, with the request's drafter, k, drafted and
+    accepted tokens as its stream reported them, and the step's times beside their prediction."""
+    from spin.router.step_trace import read_trace
+
+    msgs = _messages(serving.endpoint, request(PROMPT + "    # traced\n", max_tokens=24,
+                                               mode="drafter", drafter="draft-code", k=3,
+                                               ignore_eos=True))
+    rid = msgs[0].request_id
+    path = serving.cfg.router.scheduler.step_trace
+    deadline = time.monotonic() + 30  # the stream may reach us before the line is written
+    while True:
+        mine = [(rec, row) for rec in read_trace(path) for row in rec["requests"]
+                if row[0] == rid]
+        if len(mine) >= len(msgs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(mine) == len(msgs)
+    for (rec, row), m in zip(mine, msgs):
+        _, drafter, k, drafted, accepted, emitted, greedy, prefilled = row
+        assert prefilled == (m is msgs[0])
+        assert (drafter or "", k, drafted, accepted) == (
+            m.step.drafter, m.step.k, m.step.draft_tokens, m.step.accepted_tokens)
+        assert greedy is True and emitted == len(m.token_ids)
+        assert rec["batch"] == m.step.batch_size and rec["step_s"] > 0
+        if drafter:
+            assert rec["draft_s"]["draft-code"] > 0 and rec["verify_s"] > 0

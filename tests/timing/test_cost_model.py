@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP
-from spin.policy.goodput import k_table
 from spin.timing.cost_model import CostModel, DraftSample, VerifySample, nnls
 
 TRUE_V = (2e-3, 1e-5, 2e-5, 1e-7, 1e-9)
@@ -205,42 +204,6 @@ def test_load_errors_name_the_path(tmp_path: Path, content: str | bytes | None,
     with pytest.raises(ValueError, match=match) as e:
         CostModel.load(p)
     assert str(p) in str(e.value)
-
-
-def test_k_table_shrinks_with_batch_when_verify_grows_with_scored_tokens() -> None:
-    # Verify: fixed 10 ms (memory-bound weights) + 0.1 ms per scored token (compute).
-    m = CostModel(verify=(1e-2, 0.0, 1e-4, 0.0, 0.0), draft={"small": (2e-4, 2e-4, 0.0, 0.0)})
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    table = k_table(m, {"small": 0.8}, sizes, k_max=8, context=500)
-    ks = [table[b] for b in sizes]
-    assert all(x >= y for x, y in zip(ks, ks[1:])), table
-    assert table[1] >= 5 and table[256] <= 1 and table[1] > table[64]
-
-
-def test_k_table_flat_verify_keeps_long_speculation() -> None:
-    m = CostModel(verify=(1e-2, 0.0, 0.0, 0.0, 0.0), draft={"small": (0.0, 1e-5, 0.0, 0.0)})
-    table = k_table(m, {"small": 0.9, PROMPT_LOOKUP: 0.9}, [1, 64], k_max=6, context=100)
-    assert table == {1: 6, 64: 6}
-
-
-def test_k_table_low_acceptance_and_margin() -> None:
-    m = CostModel(verify=(1e-2, 0.0, 1e-4, 0.0, 0.0), draft={"small": (2e-4, 2e-4, 0.0, 0.0)})
-    assert k_table(m, {"small": 0.02}, [1, 8], k_max=8, context=100) == {1: 0, 8: 0}
-    assert k_table(m, {}, [1], k_max=8, context=100) == {1: 0}
-    loose = k_table(m, {"small": 0.3}, [1], k_max=8, context=100)
-    strict = k_table(m, {"small": 0.3}, [1], k_max=8, context=100, margin=10.0)
-    assert loose[1] > 0 and strict[1] == 0
-
-
-def test_shift_intercept_moves_one_part_and_stops_at_zero() -> None:
-    m = _model()
-    m.shift_intercept("verify", 0.003)
-    assert m.verify == (TRUE_V[0] + 0.003, *TRUE_V[1:])
-    m.shift_intercept("small", -1.0)  # never below 0
-    assert m.draft["small"] == (0.0, *TRUE_D["small"][1:])
-    assert m.draft["big"] == TRUE_D["big"]
-    m.shift_intercept(PROMPT_LOOKUP, 1.0)  # no per-call constant to move
-    assert m.prompt_lookup_s == _model().prompt_lookup_s
 
 
 def test_tree_terms_are_fitted_on_what_trees_cost_beyond_chains(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -153,8 +153,36 @@ def summarize(per_request: list[dict], names: list[str],
             "all": statistics.mean(rec["drafters"][name]["output"] for rec in per_request),
             "best_fit": statistics.mean(fitted) if fitted else None,
             "best_fit_requests": len(fitted)}
+    report["deficit_weight"] = deficit_weight(per_request, names, policy, goodput)
     report["per_request"] = per_request
     return report
+
+
+DEFICIT_WEIGHTS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
+"""``PromptFit.deficit_weight`` values the replay compares."""
+
+
+def deficit_weight(per_request: list[dict], names: list[str], policy: LearnedPolicyConfig,
+                   goodput: _Goodput, within: float = 0.15) -> dict:
+    """Where ``PromptFit.deficit_weight`` comes from: the slope (least squares through the
+    origin) of how much output acceptance a drafter has below the best-fitting one's, against
+    how far its prompt agreement is behind (drafters less than ``within`` behind, not the best
+    itself), and the prompt-record replay (``_with_record``) at each of ``DEFICIT_WEIGHTS``."""
+    xs, ys = [], []
+    for rec in per_request:
+        d = rec["drafters"]
+        top = max(names, key=lambda n: d[n]["prompt"])
+        for n in names:
+            gap = d[top]["prompt"] - d[n]["prompt"]
+            if n != top and 0 < gap < within:
+                xs.append(gap)
+                ys.append(d[top]["output"] - d[n]["output"])
+    sxx = sum(x * x for x in xs)
+    replay = {f"{w:g}": _with_record(per_request, names,
+                                     replace(policy, fit_deficit_weight=w), goodput)
+              for w in DEFICIT_WEIGHTS}
+    return {"slope": sum(x * y for x, y in zip(xs, ys)) / sxx if sxx > 0 else None,
+            "points": len(xs), "within": within, "replay": replay}
 
 
 def _outcome(hits: int, lost: list[float], goodput_lost: list[float | None]) -> dict:

@@ -159,7 +159,7 @@ def e2e_part(run: Run, budget: Budget) -> None:
 
     cfg, entry = run.cfg, run.part("e2e")
     grid = GridConfig(family_dir=cfg.family_dir, quick=True, temperatures=(0.0,),
-                      concurrencies=cfg.e2e_concurrency, prompt_sets=("short",))
+                      concurrencies=cfg.e2e_concurrency, prompt_sets=("short",), rounds=1)
     runner = _service_runner(run)
     emb = Embedded(ServeConfig(
         family_dir=cfg.family_dir, port=0, redis=False, runner=runner,

@@ -5,9 +5,10 @@ slower. One deployment (``spin serve``'s processes, the learned policy, statisti
 Redis) serves every cell; a cell is a prompt set, a temperature and a concurrency, and in each
 the same requests run with speculation off, auto, and (``--fixed NAME:K``) one fixed
 configuration, one mode after the other, each at that concurrency with every request at once
-(``loadgen``'s closed loop). Reported per cell: output tokens per second of each mode (all
-tokens over the wall time), mean end-to-end latency, auto / off and auto / fixed, and for greedy
-cells the outputs that differ from off's (lossless: must be 0).
+(``loadgen``'s closed loop), ``rounds`` times with the order of the modes reversed every other
+pass. Reported per cell: output tokens per second of each mode (all tokens over the wall time,
+summed over passes) and per pass, mean end-to-end latency, auto / off (and per pass) and auto /
+fixed, and for greedy cells the outputs that differ from off's first pass (lossless: must be 0).
 
 Prompts: ``short`` are the demo family's held-out prompts, ``long`` a dataset of at least 200
 tokens per prompt, by default ``benchmarks/datasets/unseen-long.jsonl`` (``spin bench dataset``:
@@ -29,7 +30,7 @@ from tqdm import tqdm
 from loadgen.datasets import read_prompts
 from loadgen.workload import Request, build_workload
 
-from ..router.config import RouterConfig
+from ..router.config import RouterConfig, SchedulerConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import FAMILY_DIR
 from .policy_config import PolicyBenchConfig, Sampling, run_requests
@@ -57,9 +58,16 @@ class GridConfig:
     split: Literal["evaluation", "tuning"] = "evaluation"
     """The half of both prompt sets that is timed: tuning runs (choosing code or constants) use
     ``tuning``, reported figures ``evaluation``."""
+    rounds: int = 2
+    """Passes over each cell's requests, the modes in turn, their order reversed every other
+    pass (off, auto, auto, off, ...): a machine's speed drifts by 10% from one run to the next
+    (the same plain steps, one after the other, on this project's 2-core CPU), and each mode
+    sees the same drift. A mode's rate is its tokens over its wall time, summed over passes."""
     seed: int = 0
     policy_config: dict = field(default_factory=dict)
     """Overrides of the learned policy's settings (``learned_config``)."""
+    trace: Path | None = None
+    """The router's step trace (``router/step_trace.py``; appended to); None: none."""
 
     @property
     def new_tokens(self) -> int:
@@ -86,26 +94,36 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     if cfg.fixed is not None:
         modes.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
     cell: dict = {"prompts": prompts, "temperature": temperature, "concurrency": concurrency,
-                  "requests": len(reqs), "modes": {}}
-    outputs = {}
-    for label, spec, k in modes:
-        desc = f"{prompts} t={temperature} c={concurrency} {label}"
-        res, wall = run_requests(emb.endpoint, reqs, spec, k, bench, desc,
-                                 concurrency=concurrency, progress=False, sampling=sampling,
-                                 early_stop=k > 0)
-        outputs[label] = [r.token_ids for r in res]
-        tokens = sum(len(r.token_ids) for r in res)
-        steps = sum(r.speculation.steps for r in res)
+                  "requests": len(reqs), "rounds": cfg.rounds, "modes": {}}
+    outputs: dict[str, list[list[list[int]]]] = {label: [] for label, _, _ in modes}
+    runs: dict[str, list[tuple[int, float, list[float], int]]] = {label: [] for label, _, _ in modes}
+    for rnd in range(cfg.rounds):
+        for label, spec, k in (modes if rnd % 2 == 0 else modes[::-1]):
+            desc = f"{prompts} t={temperature} c={concurrency} {label} ({rnd + 1}/{cfg.rounds})"
+            res, wall = run_requests(emb.endpoint, reqs, spec, k, bench, desc,
+                                     concurrency=concurrency, progress=False, sampling=sampling,
+                                     early_stop=k > 0)
+            outputs[label].append([r.token_ids for r in res])
+            runs[label].append((sum(len(r.token_ids) for r in res), wall,
+                                [r.e2e_s for r in res], sum(r.speculation.steps for r in res)))
+    for label, rs in runs.items():
+        tokens, wall, steps = (sum(r[0] for r in rs), sum(r[1] for r in rs),
+                               sum(r[3] for r in rs))
         cell["modes"][label] = {"tokens_per_s": tokens / wall,
-                                "mean_latency_s": statistics.mean(r.e2e_s for r in res),
-                                "tau": tokens / steps if steps else 0.0}
+                                "mean_latency_s": statistics.mean(x for r in rs for x in r[2]),
+                                "tau": tokens / steps if steps else 0.0,
+                                "tokens_per_s_by_round": [r[0] / r[1] for r in rs]}
     m = cell["modes"]
     cell["auto_over_off"] = m["auto"]["tokens_per_s"] / m["off"]["tokens_per_s"]
+    cell["auto_over_off_by_round"] = [a / o for a, o in zip(
+        m["auto"]["tokens_per_s_by_round"], m["off"]["tokens_per_s_by_round"])]
     if cfg.fixed is not None:
         fixed = m[modes[2][0]]["tokens_per_s"]
         cell["auto_over_fixed"] = m["auto"]["tokens_per_s"] / fixed
     cell["auto_latency_not_worse"] = m["auto"]["mean_latency_s"] <= m["off"]["mean_latency_s"]
-    cell["greedy_mismatches"] = (sum(a != b for a, b in zip(outputs["auto"], outputs["off"]))
+    reference = outputs["off"][0]  # every greedy output of every pass and mode against it
+    cell["greedy_mismatches"] = (sum(a != b for label in outputs for run in outputs[label]
+                                     for a, b in zip(run, reference))
                                  if temperature == 0 else None)
     return cell
 
@@ -124,7 +142,9 @@ def run_cells(emb: Embedded, cfg: GridConfig, grid: list[tuple[str, float, int]]
 
 def run_grid(cfg: GridConfig) -> dict:
     """Every cell on one deployment; the report (``cells`` and a summary)."""
-    router = RouterConfig(policy="learned", policy_config=cfg.policy_config)
+    router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
+                          scheduler=SchedulerConfig(
+                              step_trace=str(cfg.trace) if cfg.trace else None))
     grid = [(p, t, c) for p in cfg.prompt_sets for t in cfg.temperatures
             for c in cfg.concurrencies]
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
@@ -135,7 +155,8 @@ def run_grid(cfg: GridConfig) -> dict:
                        "concurrencies": list(cfg.concurrencies),
                        "temperatures": list(cfg.temperatures), "dataset": str(cfg.dataset),
                        "fixed": list(cfg.fixed) if cfg.fixed else None,
-                       "policy_config": cfg.policy_config, "split": cfg.split},
+                       "policy_config": cfg.policy_config, "split": cfg.split,
+                       "rounds": cfg.rounds},
             "cells": cells, "min_auto_over_off": min(ratios),
             "median_auto_over_off": statistics.median(ratios),
             "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells)}
@@ -144,7 +165,7 @@ def run_grid(cfg: GridConfig) -> dict:
 def table(report: dict) -> str:
     """The grid as a Markdown table."""
     fixed = report["config"]["fixed"]
-    head = "| prompts | temp | conc | off tok/s | auto tok/s | auto / off |"
+    head = "| prompts | temp | conc | off tok/s | auto tok/s | auto / off (each pass) |"
     head += " fixed tok/s | auto / fixed |" if fixed else ""
     head += " mean latency auto / off |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -152,13 +173,17 @@ def table(report: dict) -> str:
         m = c["modes"]
         row = (f"| {c['prompts']} | {c['temperature']:g} | {c['concurrency']} | "
                f"{m['off']['tokens_per_s']:.1f} | {m['auto']['tokens_per_s']:.1f} | "
-               f"{c['auto_over_off']:.3f}x |")
+               f"{c['auto_over_off']:.3f}x ({_passes(c)}) |")
         if fixed:
             label = f"{fixed[0]}:k{fixed[1]}"
             row += f" {m[label]['tokens_per_s']:.1f} | {c['auto_over_fixed']:.3f}x |"
         row += (f" {m['auto']['mean_latency_s']:.2f} / {m['off']['mean_latency_s']:.2f} s |")
         lines.append(row)
     return "\n".join(lines)
+
+
+def _passes(cell: dict) -> str:
+    return ", ".join(f"{r:.2f}" for r in cell.get("auto_over_off_by_round", ()))
 
 
 def plot_grid(report: dict, path: Path) -> None:

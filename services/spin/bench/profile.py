@@ -23,7 +23,7 @@ from ..engine.kv_cache import BLOCK_SIZE
 from ..engine.memory import ModelShape, resolve_device, resolve_dtype
 from ..engine.model_runner import ModelRunner, RunnerConfig
 from ..engine.quant import Quantization
-from ..policy.goodput import k_table
+from ..policy.k_table import k_table
 from ..timing.cost_model import CostModel
 from ..timing.measure import profile_draft, profile_verify
 from ..zoo.report import family_members

@@ -7,16 +7,16 @@ from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
 from .bench_gpu import add_gpu
-from .bench_grid import add_dataset, add_grid
+from .bench_grid import add_dataset, add_grid, add_trace
 from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|gpu``."""
+    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|trace|gpu``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
-                _add_fit, _add_ab, add_dataset, add_grid, add_gpu):
+                _add_fit, _add_ab, add_dataset, add_grid, add_trace, add_gpu):
         add(bsub)
 
 
@@ -329,6 +329,16 @@ def _bench_fit(args: argparse.Namespace) -> int:
     for name, v in r["acceptance"].items():
         fit = "-" if v["best_fit"] is None else f"{v['best_fit']:.2f}"
         print(f"  {name:18s} {v['all']:.2f} | {fit} ({v['best_fit_requests']} requests)")
+    dw = r["deficit_weight"]
+    slope = "-" if dw["slope"] is None else f"{dw['slope']:.2f}"
+    print(f"deficit weight: output acceptance lost per point of prompt agreement behind the best "
+          f"fit {slope} (through the origin, {dw['points']} drafters < {dw['within']} behind); "
+          "the prompt fit replayed at each weight:")
+    for w, v in dw["replay"].items():
+        good = (f", mean goodput lost {100 * v['mean_goodput_lost']:.2f}%"
+                if "mean_goodput_lost" in v else "")
+        print(f"  {w:>4s}: {v['hits']} hits, mean acceptance lost "
+              f"{v['mean_acceptance_lost']:.3f}{good}")
     write_json(args.json, r)
     return 0
 

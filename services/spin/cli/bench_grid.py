@@ -54,13 +54,41 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--split", choices=("evaluation", "tuning"), default="evaluation",
                     help="the prompts' half that is timed: tuning for runs that choose code or "
                     "constants, evaluation (default) for reported figures")
+    bg.add_argument("--rounds", type=positive(int), default=2,
+                    help="passes over each cell, the modes' order reversed every other pass "
+                    "(default 2)")
     bg.add_argument("--fixed", default=None, metavar="DRAFTER:K",
                     help="a fixed configuration to compare too, chosen on the tuning split")
     bg.add_argument("--policy-config", default=None,
                     help="JSON overrides of the learned policy's settings")
     bg.add_argument("--json", default=None, help="write the report here")
     bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
+    bg.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                    help="the router's step trace (JSON Lines), summarised at the end "
+                    "(`spin bench trace`)")
     bg.set_defaults(func=_bench_grid)
+
+
+def add_trace(bsub: argparse._SubParsersAction) -> None:
+    bt = bsub.add_parser("trace", help="a router's step trace (--step-trace) by kind of step: "
+                         "tokens/s, predicted vs measured times and speculation's gain")
+    bt.add_argument("file", type=Path)
+    bt.add_argument("--json", default=None, help="write the summary here")
+    bt.set_defaults(func=_bench_trace)
+
+
+def _bench_trace(args: argparse.Namespace) -> int:
+    from ..bench.trace_report import report_file, table
+
+    if not args.file.is_file():
+        return fail("bench trace", f"no trace at {args.file}")
+    report = report_file(args.file)
+    if not report["steps"]:
+        return fail("bench trace", f"{args.file} has no steps")
+    print(f"{report['steps']} steps")
+    print(table(report))
+    write_json(args.json, report)
+    return 0
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -97,7 +125,9 @@ def _bench_grid(args: argparse.Namespace) -> int:
     report = run_grid(GridConfig(args.family_dir, args.quick, args.concurrency,
                                  args.temperatures, dataset=args.dataset or DEFAULT_OUT,
                                  prompt_sets=prompts, fixed=fixed, split=args.split,
-                                 policy_config=overrides))
+                                 rounds=args.rounds,
+                                 policy_config=overrides,
+                                 trace=args.trace.resolve() if args.trace else None))
     print(table(report))
     print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
           f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "
@@ -105,4 +135,7 @@ def _bench_grid(args: argparse.Namespace) -> int:
     write_json(args.json, report)
     if args.plot is not None:
         plot_grid(report, args.plot)
+    if args.trace is not None:
+        from ..bench.trace_report import report_file, table as trace_table
+        print(trace_table(report_file(args.trace)))
     return 0 if report["greedy_mismatches"] == 0 else 1

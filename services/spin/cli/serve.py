@@ -57,6 +57,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                          "auto: int8 there when this torch has the kernels, else none)")
     sv.add_argument("--micro-batches", type=positive(int), default=1,
                     help="micro-batches in flight in the router (2 = pipelined)")
+    sv.add_argument("--step-trace", metavar="FILE",
+                    help="the router appends every verified step to FILE as a JSON line")
     sv.add_argument("--cpus", choices=("shared", "split"), default="shared",
                     help="split: the verifier on cores of its own, the drafters and the router "
                          "on the others (for --micro-batches 2 on a CPU-only machine: drafting "
@@ -95,6 +97,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                           scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                     max_queue=args.max_queue,
                                                     micro_batches=args.micro_batches,
+                                                    step_trace=(str(Path(args.step_trace).resolve())
+                                                                if args.step_trace else None),
                                                     verifier_outage_s=args.verifier_outage))
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")

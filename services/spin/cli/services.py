@@ -134,6 +134,9 @@ def add_router(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--redis-url", default=os.environ.get("SPIN_REDIS_URL"),
                    help="acceptance statistics (default: $SPIN_REDIS_URL, else in process); "
                    "$SPIN_REDIS_PASSWORD supplies a password the URL lacks")
+    g.add_argument("--step-trace", metavar="FILE",
+                   help="append every verified step to FILE as a JSON line: each request's "
+                   "drafter, k and accepted tokens, the step's times and their prediction")
     g.add_argument("--stats-spill", metavar="PATH",
                    help="where statistics that could not be written to Redis at shutdown are "
                    "kept, to be written at the next start (one file per router replica; "
@@ -227,6 +230,7 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   draft_timeout_s=args.draft_timeout,
                                   verifier_outage_s=args.verifier_outage,
                                   micro_batches=args.micro_batches,
+                                  step_trace=args.step_trace,
                                   prompt_lookup=not args.no_prompt_lookup))
 
 

@@ -3,6 +3,7 @@ cost model's ``StepPrediction`` of the step."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -44,6 +45,15 @@ class StepPrediction:
     before it)."""
     scoring_s: float = 0.0
     """Predicted seconds those calls add to the verification (in ``step_s``, not ``verify_s``)."""
+    plain_s: float = math.nan
+    """Predicted seconds of the same batch with no request speculating (no drafting, no
+    scoring): what the step's speculation is weighed against."""
+    prefill_tokens: int = 0
+    """Prompt tokens the verification prefills besides the requests' k + 1."""
+    tokens: float = math.nan
+    """Expected tokens the step emits (Σ over requests of E(a, k) at their acceptance
+    estimates); with ``plain_s``, the predicted gain is ``tokens / step_s`` over
+    ``batch / plain_s``."""
 
 
 class StepPlan(list):

@@ -47,12 +47,14 @@ gets k = 0. Without a cost model the controller uses a batch-size → k table (S
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 import numpy as np
 
 from ..timing.cost_model import CostModel
 from .acceptance import AcceptanceTracker
+from .calibration import Calibration
+from .choice import StepPrediction
 from .learned_config import ControllerConfig
 
 DEFAULT_TABLE: dict[int, int] = {1: 4, 4: 3, 16: 2, 32: 1, 64: 0}
@@ -83,8 +85,10 @@ class _Batch:
     """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
 
     def __init__(self, cost: CostModel, batch: list[tuple[str, str | None, int]],
-                 acc: np.ndarray, pipelined: bool, extra: int = 0, fair: bool = False) -> None:
+                 acc: np.ndarray, pipelined: bool, extra: int = 0, fair: bool = False,
+                 cal: Calibration | None = None) -> None:
         self.cost, self.pipelined, self.extra, self.fair = cost, pipelined, extra, fair
+        self.cal = cal or Calibration(rate=0.0)
         self.names = sorted({d for _, d, _ in batch if d is not None and cost.has_drafter(d)})
         pos = {d: i for i, d in enumerate(self.names)}
         self.idx = np.array([pos.get(d, -1) if d is not None else -1 for _, d, _ in batch],
@@ -92,11 +96,19 @@ class _Batch:
         self.eligible = self.idx >= 0
         self.ctx = np.array([c for _, _, c in batch], dtype=float)
         self.a = acc
-        self.terms = np.array([cost.draft_terms(d) for d in self.names]).reshape(-1, 6)
+        self.terms = np.array([np.asarray(cost.draft_terms(d)) * self.cal.draft(d)
+                               for d in self.names]).reshape(-1, 6)
         self.b, self.c_total = len(batch), float(self.ctx.sum())
+        self.plain = float(cost.predict_verify(self.b, self.b + extra, int(self.c_total)))
+        """The model's verification of the batch with every k = 0 (prefills included)."""
 
-    def verify(self, scored: float) -> float:
-        return self.cost.predict_verify(self.b, int(scored) + self.extra, int(self.c_total))
+    def verify(self, scored: float | np.ndarray) -> float | np.ndarray:
+        """Calibrated seconds of the verification scoring ``scored`` tokens (besides
+        ``extra``), per element of an array too."""
+        full = self.cost.predict_verify(self.b, np.asarray(scored, dtype=float) + self.extra,
+                                        int(self.c_total))
+        out = self.cal.verify(self.plain, full)
+        return float(out) if np.ndim(out) == 0 else out
 
     def aggregates(self, k: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per drafter: max k, count at max, #active, Σk, Σk·ctx."""
@@ -151,8 +163,8 @@ class _Batch:
         # every request of the group at k = j: per drafter max k = j, Σk = j·A, Σk·ctx = j·Σctx
         drafts = self.draft_time(np.arange(nd), j * (act > 0), act, j * act, j * ctx)  # [J, D]
         drafts = drafts.max(axis=1, initial=0.0)                                  # [J]
-        scored = self.b + self.extra + j[:, 0] * float(e.sum())                   # [J]
-        verify = self.cost.predict_verify(self.b, scored, int(self.c_total))      # [J]
+        scored = self.b + j[:, 0] * float(e.sum())                               # [J]
+        verify = self.verify(scored)                                              # [J]
         k = j * e[None, :]                                                        # [J, B]
         tokens = self._tokens(_expected_tokens_v(self.a[None, :], k))             # [J]
         return tokens / self.combine(drafts, verify)
@@ -229,6 +241,8 @@ class SpecLengthController:
         self.table = dict(sorted((table or DEFAULT_TABLE).items()))
         """Batch size → k fallback (nearest batch size at or below; the smallest below all)."""
         self.tracker = AcceptanceTracker(self.cfg)
+        self.calibration = Calibration(self.cfg.calibration)
+        """Corrections of the cost model learnt on served steps (``calibration.py``)."""
 
     # ---- learning ------------------------------------------------------------------------------
 
@@ -249,7 +263,7 @@ class SpecLengthController:
         acc = np.array([self.tracker.get(r, d) if d is not None else 0.0 for r, d, _ in batch],
                        dtype=float)
         return _Batch(self.cost, batch, acc, self.cfg.pipelined, extra,
-                      self.cfg.objective == "fair")
+                      self.cfg.objective == "fair", self.calibration)
 
     def choose(self, batch: list[tuple[str, str | None, int]], extra: int = 0) -> list[int]:
         """k in 0..k_max per (request_id, drafter or None, context_len); None → 0. A drafter the
@@ -307,6 +321,12 @@ class SpecLengthController:
         return ({n: float(t) for n, t, a in zip(bt.names, drafts, act) if a > 0},
                 bt.verify(sum(scored) if scored is not None else (k + 1).sum()))
 
+    def expected(self, batch: list[tuple[str, str | None, int]], ks: list[float]) -> float:
+        """Expected tokens of a step running ``ks`` (Σ E(a, k) at the acceptance estimates;
+        requests without a drafter emit one)."""
+        return sum(expected_tokens(self.tracker.get(r, d), k) if d is not None and k > 0 else 1.0
+                   for (r, d, _), k in zip(batch, ks))
+
     def solo_step_s(self, request_id: str, drafter: str, context_len: int) -> np.ndarray:
         """Predicted seconds of a step of this request alone at k = 1..k_max, shape [k_max]
         (``predicted_step_s`` for each k at once); NaN without a cost model."""
@@ -339,53 +359,17 @@ class SpecLengthController:
         drafts, verify = self.predicted_parts(batch, ks)
         return self.step_s(drafts, verify)
 
-    def calibrate(self, predicted_draft: dict[str, float], predicted_verify: float,
-                  draft_s: dict[str, float], verify_s: float) -> None:
-        """Move each part's per-call constant by ``cfg.calibration`` of its error on a served
-        step (measured minus predicted seconds; drafters measured and predicted only)."""
-        if self.cost is None or not self.cfg.calibration:
+    def calibrate(self, predicted: StepPrediction, draft_s: Mapping[str, float],
+                  verify_s: float, verification: bool = True) -> None:
+        """A served step's measured seconds (each drafter's call, the verification with its
+        round trip) against ``predicted`` (``calibration.py``); ``verification`` False: the
+        step's verification does not calibrate (a prefill or scoring calls ran in it)."""
+        if self.cost is None or not math.isfinite(predicted.plain_s):
             return
-        rate = self.cfg.calibration
-        if verify_s > 0 and math.isfinite(predicted_verify):
-            self.cost.shift_intercept("verify", rate * (verify_s - predicted_verify))
-        for name, pred in predicted_draft.items():
-            if draft_s.get(name, 0.0) > 0:
-                self.cost.shift_intercept(name, rate * (draft_s[name] - pred))
+        self.calibration.observe(predicted.plain_s, predicted.verify_s, verify_s,
+                                 predicted.draft_s, draft_s, verification)
 
-
-def k_table(model: CostModel, acceptance: dict[str, float], batch_sizes: Iterable[int],
-            k_max: int, context: int, *, margin: float = 0.0,
-            pipelined: bool = False) -> dict[int, int]:
-    """Synergy's batch-size → k table from a cost model.
-
-    For each batch size B: a uniform batch of B requests, each with ``context`` tokens of context
-    and the *mean* of ``acceptance`` (over the drafters named there), drafting with cost = the mean
-    predicted draft time over those drafters that have a cost. k maximises::
-
-        B·E(a, k) / (t_draft(B, k) + t_verify(B, B·(k+1), B·context))   (max(·,·) if pipelined)
-
-    with E(a, k) = (1 − a^(k+1)) / (1 − a); k = 0 unless it beats k = 0 by ``margin``; ties go to
-    the smaller k.
-    """
-    names = [n for n in acceptance if model.has_drafter(n)]
-    a = float(np.mean(list(acceptance.values()))) if acceptance else 0.0
-    out: dict[int, int] = {}
-    for b in sorted(set(int(x) for x in batch_sizes)):
-        if b <= 0:
-            continue
-
-        def goodput(k: int) -> float:
-            draft = (float(np.mean([model.predict_draft(n, b, k, b * context) for n in names]))
-                     if names and k > 0 else 0.0)
-            verify = model.predict_verify(b, b * (k + 1), b * context)
-            step = max(draft, verify) if pipelined else draft + verify
-            return b * expected_tokens(a, k) / step if step > 0 else math.inf
-
-        base = goodput(0)
-        best_k, best = 0, base
-        for k in range(1, (k_max if names else 0) + 1):
-            g = goodput(k)
-            if g > best:
-                best_k, best = k, g
-        out[b] = best_k if best >= (1 + margin) * base else 0
-    return out
+    def set_cost(self, cost: CostModel | None) -> None:
+        """Plan with ``cost`` from now on; the calibration starts again from it."""
+        self.cost = cost
+        self.calibration.reset()

@@ -34,10 +34,11 @@ at the best k for that rate (who scores when, and why sampling requests count an
 estimate instead of agreement: ``scoring_rounds.py``).
 
 **Calibration.** The cost model is fitted on bare forwards; in serving a step also pays round
-trips and the services' and the router's own work, so after each step each part's per-call
-constant moves ``calibration`` of its error (``SpecLengthController.calibrate``). A step whose
-scoring calls ran beside the verification calibrates its drafters, and fits what those calls add
-to a step instead of the verification (``scoring_cost.py``).
+trips, the services' and the router's own work and the contention of processes sharing cores,
+so each part's prediction is corrected by a factor learnt on the steps that show it
+(``calibration.py``): the plain verification, what speculating adds to it, each drafter's call.
+A step whose scoring calls ran beside the verification, or that prefilled a prompt, calibrates
+its drafters only; what scoring calls add to a step is fitted apart (``scoring_cost.py``).
 
 **Early-stopping chains.** A model drafter's chain stops once its probability falls below
 ``stop_below``, so k is the longest chain the step may draft (``chain_length.py``).
@@ -48,7 +49,6 @@ so its acceptance estimate can recover (the controller alone would never observe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -271,8 +271,9 @@ class LearnedPolicy:
             batch, ks, prefill,
             [nodes(c.branching, c.k) + 1 if c.branching else k + 1 for c, k in zip(out, ks)])
         extra = self.scoring_cost.predict(*work)
+        _, plain = self.controller.predicted_parts(batch, [0] * len(batch), prefill)
         return StepPrediction(self.controller.step_s(drafts, verify + extra), drafts, verify,
-                              work, extra)
+                              work, extra, plain, prefill, self.controller.expected(batch, ks))
 
     # ---- what happened ---------------------------------------------------------------------------
 
@@ -362,8 +363,8 @@ class LearnedPolicy:
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
     def set_cost_model(self, cost: CostModel | None) -> None:
-        """Plan with ``cost`` from now on (calibration starts again from its constants)."""
-        self.controller.cost = cost
+        """Plan with ``cost`` from now on (calibration starts again from it)."""
+        self.controller.set_cost(cost)
 
     def _calibrate(self, prediction: StepPrediction, draft_s: Mapping[str, float],
                    rest_s: float) -> None:
@@ -371,9 +372,8 @@ class LearnedPolicy:
         verification is left out when drafters scored requests meanwhile (it shared the machine
         with work the model does not count): that step fits what scoring adds
         (``scoring_cost.py``) instead."""
-        self.controller.calibrate(prediction.draft_s,
-                                  math.nan if prediction.scoring_work[0] else prediction.verify_s,
-                                  dict(draft_s), rest_s)
+        self.controller.calibrate(prediction, draft_s, rest_s, verification=not (
+            prediction.scoring_work[0] or prediction.prefill_tokens))
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification
             self.scoring_cost.observe(*prediction.scoring_work, rest_s - prediction.verify_s)
 

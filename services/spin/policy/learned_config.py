@@ -41,9 +41,11 @@ class ControllerConfig:
     request that gains little is not slowed for the others' speculation. The same for one
     request alone."""
     calibration: float = 0.1
-    """Online calibration of the cost model in serving: after each step, each part's per-call
-    constant moves this fraction of its error (measured - predicted), so round trips and service
-    overheads that a profile of bare forwards misses are learned within tens of steps; 0 = off."""
+    """Online calibration of the cost model in serving (``calibration.py``): each part's
+    correction factor (the plain verification, what speculating adds to it, each drafter's call)
+    moves this fraction of the way to its measured / predicted ratio on every step that shows
+    that part, so round trips, service overheads and contention that a profile of bare forwards
+    misses are learnt within tens of steps; 0 = off."""
 
     def __post_init__(self) -> None:
         if self.k_max < 0 or not 0.0 < self.ema <= 1.0 or self.margin < 0:

@@ -38,6 +38,10 @@ class SchedulerConfig:
     micro_batches: int = 1
     """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
     pipeline); 1 = draft, then verify, the whole batch."""
+    step_trace: str | None = None
+    """A file every verified step is appended to, one JSON object a line: what each request
+    drafted and accepted, the step's measured times and the cost model's prediction of them
+    (``step_trace.py``); None: no trace."""
     prompt_lookup: bool = True
     """Offer prompt lookup (model-free drafts from the request's own context, computed here in the
     router) to the policy."""

@@ -5,7 +5,7 @@ in its model info. The router fits ``policy.cost_model.CostModel`` on what the v
 drafter reported, again whenever a drafter joins (discovery), and hands the model to the policy.
 A ``--cost-model`` file (``spin profile``) is used instead when given. Either way the model
 describes bare compute; the router adds its round trip to each call's constant (``rpc_overhead_s``)
-and the learned policy calibrates the constants on served steps from there.
+and the learned policy calibrates the model on served steps from there (``policy/calibration.py``).
 """
 
 from __future__ import annotations

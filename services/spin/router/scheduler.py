@@ -43,6 +43,7 @@ from .pipeline import Pipeline
 from .proposers import Group, Proposals, Proposer
 from .requests import RequestStatus, RouterRequest
 from .services import ServiceDown, Verifier, VerifyReply, VerifyResult, VerifyTask
+from .step_trace import StepTrace
 from .streaming import ErrorCode, Streamer
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Scheduler:
         and removes drafters)."""
         self.policy = policy
         self.accounting = Accounting(store)
+        self.trace = StepTrace(cfg.step_trace) if cfg.step_trace else None
         self.stream = Streamer(decode, eos_id)
         self.pipeline = Pipeline(cfg.micro_batches)
         self.waiting: collections.deque[RouterRequest] = collections.deque()
@@ -150,6 +152,8 @@ class Scheduler:
 
     def stop(self) -> None:
         self.pipeline.stop()
+        if self.trace is not None:
+            self.trace.close()
 
     def _tidy(self, lane: list[RouterRequest]) -> None:
         for req in [r for r in lane if r.cancelled]:
@@ -271,6 +275,7 @@ class Scheduler:
         if reply is not None:
             self._verifier_down_since = None
             self.kv.report(reply.free_blocks, reply.num_blocks)
+        prefilled = {r.request_id for r in reqs if not r.generated}  # their first step
         results: list[VerifyResult | None] = list(reply.results) if reply is not None else [
             None] * len(reqs)
         outcomes, done = [], []
@@ -290,6 +295,8 @@ class Scheduler:
         self.policy.observe(step)
         if reply is not None:
             self.accounting.step(step, self.policy.measured())
+            if self.trace is not None:
+                self.trace.write(step, prefilled)
         for r in done:
             self._finish(r)
 

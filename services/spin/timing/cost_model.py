@@ -27,7 +27,7 @@ Fitting is non-negative least squares (Lawson–Hanson, in numpy) on *relative* 
 weighted by 1/seconds), which matches the MAPE we report and keeps small batches from being drowned
 by large ones; columns are scaled before solving for conditioning.
 
-``k_table`` (Synergy) turns a model into a batch-size → k table for a uniform batch with the mean
+``policy.k_table`` (Synergy) turns a model into a batch-size → k table for a uniform batch with the mean
 acceptance; it is the controller's cold start and fallback.
 """
 
@@ -211,16 +211,6 @@ class CostModel:
         a = int(active.sum())
         return float(d0 + k.max() * (d1 + d4 * math.log2(a)) + d2 * k.sum()
                      + d3 * (k * ctx).sum() + dr * a)
-
-    def shift_intercept(self, part: str, delta: float) -> None:
-        """Add ``delta`` seconds to the per-call constant of ``part`` (``"verify"`` or a model
-        drafter), never below 0: how serving's round trips and per-call work, which a profile of
-        bare forwards does not see, enter the model (``goodput.SpecLengthController.calibrate``)."""
-        if part == "verify":
-            self.verify = (max(0.0, self.verify[0] + delta), *self.verify[1:])
-        elif part in self.draft:
-            d = self.draft[part]
-            self.draft[part] = (max(0.0, d[0] + delta), *d[1:])
 
     # ---- fitting -------------------------------------------------------------------------------
 

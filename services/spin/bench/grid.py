@@ -96,7 +96,8 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     cell: dict = {"prompts": prompts, "temperature": temperature, "concurrency": concurrency,
                   "requests": len(reqs), "rounds": cfg.rounds, "modes": {}}
     outputs: dict[str, list[list[list[int]]]] = {label: [] for label, _, _ in modes}
-    runs: dict[str, list[tuple[int, float, list[float], int]]] = {label: [] for label, _, _ in modes}
+    # label -> per pass: (tokens, wall seconds, each request's latency, steps)
+    runs: dict[str, list[tuple[int, float, list[float], int]]] = {m[0]: [] for m in modes}
     for rnd in range(cfg.rounds):
         for label, spec, k in (modes if rnd % 2 == 0 else modes[::-1]):
             desc = f"{prompts} t={temperature} c={concurrency} {label} ({rnd + 1}/{cfg.rounds})"

@@ -74,7 +74,8 @@ def summarize(records: list[dict]) -> dict:
 def _gains(groups: dict[tuple[int, str, str], list[dict]]) -> list[dict]:
     out = []
     for (bucket, decoding, mode), recs in sorted(groups.items()):
-        plain = [rec for m in ("plain", "unplanned") for rec in groups.get((bucket, decoding, m), [])]
+        plain = [rec for m in ("plain", "unplanned")
+                 for rec in groups.get((bucket, decoding, m), [])]
         if mode != "speculating" or not plain:
             continue
         rate = [sum(r[5] for rec in g for r in rec["requests"]) / sum(rec["step_s"] for rec in g)

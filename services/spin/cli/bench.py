@@ -12,7 +12,8 @@ from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|trace|gpu``."""
+    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|trace|
+    gpu``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,11 +38,14 @@ def test_serve_flags_reach_the_router_child(tmp_path) -> None:
         "serve", "--default-drafter", "none", "--default-k", "3", "--max-batch", "8",
         "--max-queue", "9", "--micro-batches", "2", "--policy", "fixed",
         "--policy-config", '{"score_rounds": 2}', "--drafter", "d=/models/d",
-        "--kv-cache-memory", "64MiB", "--no-redis", "--cpus", "split"]))
+        "--kv-cache-memory", "64MiB", "--no-redis", "--cpus", "split",
+        "--step-trace", "steps.jsonl"]))
+    # the router child runs elsewhere: a relative trace path is made absolute here
     assert cfg.router == RouterConfig(default_drafter=None, default_k=3, policy="fixed",
                                       policy_config={"score_rounds": 2},
-                                      scheduler=SchedulerConfig(max_batch=8, max_queue=9,
-                                                                micro_batches=2))
+                                      scheduler=SchedulerConfig(
+                                          max_batch=8, max_queue=9, micro_batches=2,
+                                          step_trace=str(Path.cwd() / "steps.jsonl")))
     assert cfg.drafter_models == {"d": "/models/d"} and cfg.runner.kv_cache_memory == 64 << 20
     assert (cfg.redis, cfg.cpus) == (False, "split")
     child = replace(cfg.router, verifier="127.0.0.1:1", tokenizer="/models/t",

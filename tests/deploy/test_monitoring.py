@@ -315,7 +315,9 @@ def test_dashboards_show_what_operators_look_for(dashboards) -> None:
                           ("Goodput", "spin:generation_tokens_total"),
                           ("Step time split (mean per step)", "spin:step_rpc_overhead_seconds"),
                           ("Predicted vs measured step time", "spin:step_predicted_seconds"),
-                          ("Verification padded fraction", "spin:verify_padded_fraction")):
+                          ("Verification padded fraction", "spin:verify_padded_fraction"),
+                          ("Cost model calibration (measured / predicted)",
+                           "spin:cost_model_calibration")):
         assert metric in spec[title], title
 
 

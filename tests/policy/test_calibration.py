@@ -66,3 +66,11 @@ def test_what_cannot_be_a_measurement_is_ignored_and_rate_zero_is_off() -> None:
     cal.observe(0.010, 0.010, 0.020, {}, {})
     cal.reset()
     assert (cal.plain, cal.marginal, cal.drafter) == (1.0, 1.0, {})
+
+
+def test_factors_name_each_part_for_the_metrics() -> None:
+    cal = Calibration(rate=0.5)
+    assert cal.factors() == {("verify_plain", ""): 1.0, ("verify_speculating", ""): 1.0}
+    cal.observe(0.1, 0.1, 0.2, {"d": 0.01}, {"d": 0.03})  # a plain step 2x, the drafter 3x
+    assert cal.factors() == {("verify_plain", ""): pytest.approx(1.5),
+                             ("verify_speculating", ""): 1.0, ("draft", "d"): pytest.approx(2.0)}

@@ -10,6 +10,7 @@ from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPredict
 from spin.timing.cost_model import CostModel
 from spin.policy.chain_length import EMA
 from spin.policy.learned import LearnedPolicy, learned_config
+from spin.policy.loss_guard import step_kind
 from spin.stats.store import DrafterStats
 from policy.steps import observe, observe_score, observe_step, without_guard
 
@@ -422,7 +423,9 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
 
 
 def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_showed_it() -> None:
-    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 12}), cost=_cost())
+    # unpriced: its steps measure speculation to save nothing, which would price the rounds out
+    policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 12,
+                                           "price_scoring": False}), cost=_cost())
 
     def first_step(rid: str) -> StepPrediction:
         plan = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
@@ -469,3 +472,23 @@ def test_a_request_has_state_from_first_sight_to_its_release() -> None:
     for rid in ("a", "b", "never-seen"):
         policy.release(rid)
     assert len(policy._requests) == len(policy.selector._requests) == 0
+
+
+def test_arriving_prompts_are_scored_only_where_speculation_can_pay_for_it() -> None:
+    """In a large batch where speculating measured to save little per token, the model drafters
+    do not score arriving prompts (each call costs 40 ms, learnt in serving); alone, where it
+    saves much, they do."""
+    policy = LearnedPolicy(cost=_cost())
+    for calls in (1, 2, 4, 8, 2):
+        policy.scoring_cost.observe(calls, calls * 300, 0.040 * calls)
+    big, solo = step_kind([True] * 32), step_kind([True])
+    for _ in range(4):  # per token: 0.1 ms saved at batch 32, 10 ms alone
+        policy.guard.observe(big, True, 40, 40 / 1100)
+        policy.guard.observe(big, False, 32, 32 / 1000)
+        policy.guard.observe(solo, True, 2, 2 / 50)
+        policy.guard.observe(solo, False, 1, 1 / 33.3)
+    crowd = [RequestView(f"r{i}", 300, 0, 64, True) for i in range(32)]
+    assert all(c.score == () for c in policy.choose(crowd, DRAFTERS))
+    plan = policy.choose([RequestView("alone", 300, 0, 64, True)], DRAFTERS)
+    assert plan[0].score == ("draft-code", "draft-prose")
+    assert plan.prediction is not None and plan.prediction.scoring_work == (2, 600)

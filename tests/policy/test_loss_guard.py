@@ -10,6 +10,7 @@ from spin.policy.learned import LearnedPolicy, learned_config
 from spin.policy.loss_guard import GuardConfig, LossGuard, step_kind
 from spin.policy.outcome import RequestOutcome, StepOutcome
 from spin.timing.cost_model import CostModel
+from policy.steps import timed_step
 
 KIND = step_kind([False] * 8)
 
@@ -174,3 +175,43 @@ def test_a_new_batch_size_starts_from_the_nearest_decided_one_of_its_decoding() 
     assert guard.rates()[KIND][2] is False
     assert guard.speculate(step_kind([False] * 16)) is False  # bigger batch: plain at once
     assert guard.speculate(step_kind([True] * 16)) is True  # greedy has no measure yet
+
+
+def test_saving_is_what_speculating_measures_to_save_per_token_at_the_nearest_batch_size() -> None:
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=16))
+    assert guard.saving(KIND) is None  # nothing measured
+    run(guard, 6, spec_rate=160.0, off_rate=100.0)
+    assert guard.saving(KIND) is None  # one plain probe so far: not both sides
+    run(guard, 40, spec_rate=160.0, off_rate=100.0)
+    assert guard.saving(KIND) == pytest.approx(1 / 100 - 1 / 160)
+    assert guard.saving((KIND[0] + 2, KIND[1])) == pytest.approx(1 / 100 - 1 / 160)  # nearest
+    assert guard.saving((KIND[0], "greedy")) is None  # another decoding: not measured
+    small = step_kind([False])
+    for _ in range(4):
+        guard.observe(small, True, 1, 1 / 20.0)
+        guard.observe(small, False, 1, 1 / 40.0)
+    assert guard.saving(small) == pytest.approx(1 / 40 - 1 / 20)  # a loss: negative
+    assert guard.saving(KIND) == pytest.approx(1 / 100 - 1 / 160)
+
+
+def test_until_plain_steps_are_measured_saving_weighs_speculation_against_the_predicted_plain(
+        ) -> None:
+    """A kind that speculates from the start has no plain steps but its probes; its saving
+    compares the speculating steps' measured rate with the calibrated prediction of the same
+    steps at k = 0 (``StepPrediction.plain_s``), and the measured plain steps once there are
+    enough of them."""
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=64, probe_max=64))
+    views = [RequestView(f"r{j}", 100, 5, 50, False) for j in range(3)]
+    kind = step_kind([False] * 3)
+
+    def step(spec: bool) -> None:
+        guard.plain(views)
+        guard.weigh(timed_step(spec))  # speculating: 6 tokens in 0.25 s, 0.1 s predicted plain
+
+    step(True)
+    assert guard.saving(kind) is None  # one speculating step: fewer than min_steps
+    step(True)
+    assert guard.saving(kind) == pytest.approx(0.1 / 3 - 0.25 / 6)  # predicted: a loss
+    guard.observe(kind, False, 3, 0.05)
+    guard.observe(kind, False, 3, 0.05)  # plain steps measured: 3 tokens in 0.05 s
+    assert guard.saving(kind) == pytest.approx(0.05 / 3 - 0.25 / 6)

@@ -7,6 +7,7 @@ from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice
 from spin.policy.learned_config import learned_config
 from spin.policy.prompt_fit import PromptFit
 from spin.policy.request_state import RequestState
+from spin.policy.scoring_cost import ScoringCost
 from spin.policy.scoring_rounds import ScoringRounds
 
 MODELS = {"draft-code", "draft-prose"}
@@ -43,3 +44,32 @@ def test_work_counts_the_model_drafters_calls_and_the_tokens_each_has_not_seen()
     # draft-code drafts (no scoring call), prompt lookup scores in the router: draft-prose only
     assert ScoringRounds.work([_view(7)], [state], later) == (1, 7)
     assert state.fed == {"draft-code": 107, "draft-prose": 107}
+
+
+def _cost(per_call: float) -> ScoringCost:
+    """A scoring cost learnt from served steps: ``per_call`` seconds per call, nothing per token."""
+    cost = ScoringCost()
+    for calls in (1, 2, 3, 4, 2, 1):
+        cost.observe(calls, 0, per_call * calls)
+    return cost
+
+
+def test_scoring_calls_go_ahead_only_while_speculation_can_return_their_cost() -> None:
+    rounds = _rounds()
+    prompt = ("draft-code", "draft-prose")
+    view = _view(0, remaining=50)  # 50 tokens left to gain on
+    # speculating saves 1 ms a token: 50 ms at most against 2 x 10 ms of scoring, which goes on
+    assert rounds.priced(view, RequestState(), None, prompt, 1e-3, _cost(0.010)) == prompt
+    # against 2 x 40 ms it is dropped; a loss (negative saving) drops it at any price
+    assert rounds.priced(view, RequestState(), None, prompt, 1e-3, _cost(0.040)) == ()
+    assert rounds.priced(view, RequestState(), None, prompt, -1e-4, _cost(0.001)) == ()
+    # not measured yet (no saving, or no served scoring step): as chosen
+    assert rounds.priced(view, RequestState(), None, prompt, None, _cost(0.040)) == prompt
+    assert rounds.priced(view, RequestState(), None, prompt, 1e-3, ScoringCost()) == prompt
+    # 30 ms for one 40 ms call: dropped, but prompt lookup (free) and the own drafter stay
+    later = ("draft-code", "draft-prose", PROMPT_LOOKUP)
+    assert rounds.priced(_view(6, remaining=30), RequestState(), "draft-code", later, 1e-3,
+                         _cost(0.040)) == ("draft-code", PROMPT_LOOKUP)
+    off = _rounds(price_scoring=False)
+    assert off.priced(view, RequestState(), None, prompt, 1e-3, _cost(0.040)) == prompt
+

@@ -342,6 +342,23 @@ def test_contexts_sync_by_keep_and_delta() -> None:
     asyncio.run(go())
 
 
+class Calibrated(Recording):
+    """A policy whose cost model has been corrected in serving."""
+
+    def calibration(self) -> dict[tuple[str, str], float]:
+        return {("verify_plain", ""): 1.25, ("draft", "fake"): 3.0}
+
+
+def test_the_policy_s_cost_model_corrections_are_exported_after_each_step() -> None:
+    async def go() -> None:
+        sched = scheduler(Calibrated(), {"fake": FakeDrafter(2)})
+        sched.submit(request("cal", max_tokens=5))
+        await steps(sched)
+        assert sample("spin:cost_model_calibration", part="verify_plain", draft_model="") == 1.25
+        assert sample("spin:cost_model_calibration", part="draft", draft_model="fake") == 3.0
+    asyncio.run(go())
+
+
 def test_a_failed_drafter_costs_one_step_without_speculation() -> None:
     async def go() -> None:
         drafter = FakeDrafter(3)

@@ -32,6 +32,9 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
     spin:speculation_measured_tokens_per_second{speculation="on"}
       / ignoring(speculation) spin:speculation_measured_tokens_per_second{speculation="off"}
 
+- the cost model against the serving machine (1: as profiled; above 1: slower, e.g. a drafter
+  contended by the others; the learned policy plans with these corrections,
+  ``policy/calibration.py``): ``max by (part, draft_model) (spin:cost_model_calibration)``
 - acceptance statistics lost at router shutdowns (Redis down, no ``--stats-spill``):
   ``increase(spin:stats_steps_lost_total[1d])``
 """
@@ -109,6 +112,12 @@ SPEC_GUARD = Gauge("spin:speculation_guard_speculating",
                    "1 while the learned policy speculates on this kind of step, 0 while it runs "
                    "plain steps there because speculation measured less.",
                    ["batch_size", "decoding"])
+COST_CALIBRATION = Gauge("spin:cost_model_calibration",
+                         "The learned policy's correction of its cost model, learnt in serving: "
+                         "measured / predicted seconds of the plain verification (verify_plain), "
+                         "of what speculating adds to it (verify_speculating) and of each "
+                         "drafter's call (draft).",
+                         ["part", "draft_model"])
 STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of the statistics store.")
 STATS_STEPS_LOST = Counter("spin:stats_steps_lost",
                            "Acceptance statistics (steps) dropped: not written to Redis at "

@@ -72,6 +72,11 @@ class Policy(Protocol):
         nothing."""
         ...
 
+    def calibration(self) -> Mapping[tuple[str, str], float]:
+        """The cost model's corrections learnt in serving: (part, model drafter) -> measured /
+        predicted seconds (``calibration.py``); empty for a policy without a cost model."""
+        ...
+
     def set_cost_model(self, cost: CostModel | None) -> None:
         """Plan with this ``CostModel`` from now on (the router fitted a new one: a drafter
         joined)."""
@@ -115,6 +120,9 @@ class FixedPolicy:
         return None
 
     def measured(self) -> Mapping[StepKind, tuple[float, float, bool]]:
+        return {}
+
+    def calibration(self) -> Mapping[tuple[str, str], float]:
         return {}
 
     def set_cost_model(self, cost: CostModel | None) -> None:

@@ -113,6 +113,13 @@ class Calibration:
                 else:
                     self.drafter[part] = self._forget(self.drafter[part])
 
+    def factors(self) -> dict[tuple[str, str], float]:
+        """(part, model drafter) -> measured / predicted seconds: "verify_plain" and
+        "verify_speculating" (drafter ""), "draft" per drafter seen; for metrics."""
+        out = {("verify_plain", ""): self.plain, ("verify_speculating", ""): self.marginal}
+        out.update({("draft", name): f for name, f in sorted(self.drafter.items())})
+        return out
+
     def _forget(self, factor: float) -> float:
         return factor ** (1.0 - self.rate * FORGET_SHARE)
 

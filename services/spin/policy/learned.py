@@ -57,7 +57,7 @@ from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPredicti
 from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
-from .loss_guard import LossGuard, StepKind
+from .loss_guard import LossGuard, StepKind, step_kind
 from .outcome import RequestOutcome, Score, StepOutcome
 from .population import PopulationFeed, StepStats, population_from_stats
 from .prompt_fit import PromptFit
@@ -144,10 +144,12 @@ class LearnedPolicy:
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
+        saving = self.guard.saving(step_kind([r.greedy for r in requests]))
         out = []
         for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
             score = (() if self.guard.probing else  # a probe measures speculation alone
                      self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available))
+            score = self.scoring.priced(r, s, d, score, saving, self.scoring_cost)
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True
@@ -379,6 +381,9 @@ class LearnedPolicy:
 
     def measured(self) -> Mapping[StepKind, tuple[float, float, bool]]:
         return self.guard.rates()
+
+    def calibration(self) -> Mapping[tuple[str, str], float]:
+        return self.controller.calibration.factors()
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

@@ -97,6 +97,10 @@ class LearnedPolicyConfig:
     while the target prefills it (the router sends scoring calls during the verification); the
     request's candidates then narrow to the best-fitting drafter and prompt lookup, the former
     seeded from earlier best-fit requests (``prompt_fit.py``)."""
+    price_scoring: bool = True
+    """A request's model drafters score it (prompt or output) only while their calls' predicted
+    seconds are at most what speculating measures to save over its remaining tokens
+    (``ScoringRounds.priced``); False: they score whatever the step."""
     fit_margin: float = 0.0
     """Model drafters whose prompt agreement is within this of the best-fitting one's are
     candidates too.

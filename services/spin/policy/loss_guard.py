@@ -112,6 +112,9 @@ class _Kind:
 
     spec: _Side = field(default_factory=_Side)
     off: _Side = field(default_factory=_Side)
+    plain_pred: _Side = field(default_factory=_Side)
+    """The speculating steps' batch sizes (one token each) and the cost model's predicted
+    seconds of each at k = 0: the plain side until plain steps are measured (``saving``)."""
     speculate: bool = True
     """The decision: run the plan (True) or plain steps."""
     interval: int = 0
@@ -178,8 +181,12 @@ class LossGuard:
         request in it was verified."""
         kind = self._weighed.pop(tuple(r.request_id for r in outcome.requests), None)
         if kind is not None and all(r.verified for r in outcome.requests):
-            self.observe(kind, any(r.choice.drafter for r in outcome.requests),
-                         sum(r.emitted for r in outcome.requests), outcome.step_s)
+            speculated = any(r.choice.drafter for r in outcome.requests)
+            self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
+                         outcome.step_s)
+            plain_s = outcome.prediction.plain_s if outcome.prediction is not None else 0.0
+            if speculated and plain_s > 0:  # (NaN: no prediction of it)
+                self._kind(kind).plain_pred.add(len(outcome.requests), plain_s, self.cfg.decay)
 
     def _kind(self, kind: StepKind) -> _Kind:
         """The kind's record; a new kind starts from the decision of the nearest batch size
@@ -224,6 +231,26 @@ class LossGuard:
             else:
                 k.interval = self.cfg.probe_min
         k.speculate = wins
+
+    def saving(self, kind: StepKind) -> float | None:
+        """Seconds of step that speculating saves per emitted token in this kind of step: 1 /
+        the plain rate - 1 / the speculating rate (negative where it loses), from the nearest
+        batch size of its decoding whose speculating side has ``min_steps`` steps; its plain
+        side measured once it has as many, until then the cost model's calibrated prediction of
+        the speculating steps at k = 0 (plain steps are only probed while speculation wins, and
+        that prediction came within about 10% of plain steps in serving: ``spin bench trace``).
+        None before any kind of its decoding has speculated that often. What work done for
+        speculation's sake (a drafter scoring a request) may cost per token it is expected to
+        speed up (``ScoringRounds.priced``)."""
+        n = self.cfg.min_steps
+        known = [(abs(b - kind[0]), -b, k) for (b, decoding), k in self._kinds.items()
+                 if decoding == kind[1] and k.spec.steps >= n and k.spec.rate > 0
+                 and (k.off.steps >= n and k.off.rate > 0 or k.plain_pred.rate > 0)]
+        if not known:
+            return None
+        k = min(known, key=lambda t: t[:2])[2]
+        plain = k.off if k.off.steps >= n and k.off.rate > 0 else k.plain_pred
+        return 1.0 / plain.rate - 1.0 / k.spec.rate
 
     def rates(self) -> dict[StepKind, tuple[float, float, bool]]:
         """Per kind of step: (tokens/s speculating, tokens/s plain, the decision), for metrics

@@ -123,12 +123,15 @@ class Accounting:
         metrics.REQUEST_SUCCESS.labels(finish).inc()
 
     # ---- one batch step -------------------------------------------------------------------------
-    def step(self, step: StepOutcome, measured: Mapping[StepKind, tuple[float, float, bool]]
-             ) -> None:
+    def step(self, step: StepOutcome, measured: Mapping[StepKind, tuple[float, float, bool]],
+             calibration: Mapping[tuple[str, str], float]) -> None:
         """A micro-batch step's times (what is left of the step past the drafters' and the
         verifier's own seconds is round trips and the router's own work), the drafters that
-        answered or failed, the policy's prediction of the step, and what the policy measured of
-        speculation per kind of step (``Policy.measured``)."""
+        answered or failed, the policy's prediction of the step, what the policy measured of
+        speculation per kind of step (``Policy.measured``) and its cost model's corrections
+        (``Policy.calibration``)."""
+        for (part, drafter), factor in calibration.items():
+            metrics.COST_CALIBRATION.labels(part, drafter).set(factor)
         for name, ok in step.drafters_called.items():
             metrics.DRAFTER_UP.labels(name).set(1 if ok else 0)
             if not ok:

@@ -294,7 +294,7 @@ class Scheduler:
         step = replace(step, requests=tuple(outcomes), step_s=time.perf_counter() - t0)
         self.policy.observe(step)
         if reply is not None:
-            self.accounting.step(step, self.policy.measured())
+            self.accounting.step(step, self.policy.measured(), self.policy.calibration())
             if self.trace is not None:
                 self.trace.write(step, prefilled)
         for r in done:

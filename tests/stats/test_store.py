@@ -319,15 +319,21 @@ def test_hung_redis_does_not_stall(
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
-        worst = 0.0
+        took: list[float] = []
         deadline = time.monotonic() + 1.5  # the flush thread is stuck in socket reads meanwhile
         while time.monotonic() < deadline:
             for step in STEPS_B:
                 t0 = time.perf_counter()
                 store.record(*step)
-                worst = max(worst, time.perf_counter() - t0)
+                took.append(time.perf_counter() - t0)
             time.sleep(0.01)
-        assert worst < 0.010, f"record took {worst * 1e3:.1f} ms with Redis hung"
+        # a record that waited on the socket would take its 0.5 s timeout; on a busy machine
+        # one call may still lose the CPU for tens of ms (27 ms seen in CI), so the bound on the
+        # worst is a fifth of that timeout and the typical call must be quick
+        took.sort()
+        median, worst = took[len(took) // 2], took[-1]
+        assert median < 0.010 and worst < 0.1, \
+            f"record took {median * 1e3:.1f} ms (median), {worst * 1e3:.1f} ms (worst), Redis hung"
         t0 = time.perf_counter()
         assert store.flush() is False
         pop = store.population()

@@ -243,14 +243,17 @@ class LossGuard:
         speculation's sake (a drafter scoring a request) may cost per token it is expected to
         speed up (``ScoringRounds.priced``)."""
         n = self.cfg.min_steps
-        known = [(abs(b - kind[0]), -b, k) for (b, decoding), k in self._kinds.items()
-                 if decoding == kind[1] and k.spec.steps >= n and k.spec.rate > 0
-                 and (k.off.steps >= n and k.off.rate > 0 or k.plain_pred.rate > 0)]
+
+        def plain(k: _Kind) -> _Side | None:
+            side = k.off if k.off.steps >= n and k.off.rate > 0 else k.plain_pred
+            return side if side.rate > 0 and k.spec.steps >= n and k.spec.rate > 0 else None
+
+        known = [(abs(b - kind[0]), -b, k, side) for (b, decoding), k in self._kinds.items()
+                 if decoding == kind[1] and (side := plain(k)) is not None]
         if not known:
             return None
-        k = min(known, key=lambda t: t[:2])[2]
-        plain = k.off if k.off.steps >= n and k.off.rate > 0 else k.plain_pred
-        return 1.0 / plain.rate - 1.0 / k.spec.rate
+        _, _, k, side = min(known, key=lambda t: t[:2])
+        return 1.0 / side.rate - 1.0 / k.spec.rate
 
     def rates(self) -> dict[StepKind, tuple[float, float, bool]]:
         """Per kind of step: (tokens/s speculating, tokens/s plain, the decision), for metrics

@@ -30,7 +30,7 @@ from .router.cost import ReplicaCosts
 from .router.discovery import Endpoints, KubernetesDiscovery
 from .router.frontend import Frontend
 from .router.pool import ReplicaPool
-from .router.proposers import Proposers
+from .router.proposers import DraftHead, PromptLookup, Proposers
 from .router.scheduler import Scheduler
 from .router.server import GENERATION, GenerationService
 from .router.clients import ServiceDown
@@ -136,8 +136,11 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     if policy is None:
         policy = _policy(cfg, store, replicas.costs.model())
     replicas.costs.on_model = policy.set_cost_model
+    heads = tuple(DraftHead(n, lambda: replicas.verifier.available) for n in info.heads)
+    if heads:
+        log.info("the verifier serves draft heads %s", ", ".join(info.heads))
     proposers = Proposers(DrafterClients(replicas.drafters), replicas.translators,
-                          None if sched_cfg.prompt_lookup else ())
+                          ((PromptLookup(),) if sched_cfg.prompt_lookup else ()) + heads)
     scheduler = Scheduler(sched_cfg, VerifierClient(replicas.verifier), proposers, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store,

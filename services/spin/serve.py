@@ -20,6 +20,7 @@ would merge them, so each child names itself (``spin-router``, ``spin-verifier``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from typing import Literal
 import torch
 
 from .cpus import available_cpus, format_cpus, split
+from .engine.eagle import ARCHITECTURE as EAGLE3
 from .engine.memory import resolve_device
 from .engine.model_runner import RunnerConfig
 from .engine.quant import Quantization
@@ -61,6 +63,9 @@ class ServeConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     """The verifier's device, dtype, KV cache budget, max model length and requests
     (``spin verifier``'s model flags); the drafters get the same device, dtype and lengths."""
+    heads: dict[str, str] | None = None
+    """EAGLE-3 draft heads the verifier serves (drafting inside it), name -> checkpoint
+    directory; None: the family's (``family_heads``)."""
     drafter_kv_cache_memory: int | None = None
     """Each drafter's KV cache budget (bytes; None: the default of its device)."""
     host: str = "127.0.0.1"
@@ -181,6 +186,22 @@ def models(cfg: ServeConfig) -> tuple[str, dict[str, str]]:
     return target, {n: str(cfg.family_dir / n) for n in names}
 
 
+def family_heads(family_dir: Path) -> dict[str, str]:
+    """The EAGLE-3 heads of a family: its directories whose config names that architecture."""
+    out = {}
+    for p in sorted(family_dir.iterdir()) if family_dir.is_dir() else ():
+        cfg = p / "config.json"
+        if cfg.is_file() and EAGLE3 in json.loads(cfg.read_text()).get("architectures", ()):
+            out[p.name] = str(p)
+    return out
+
+
+def head_argv(cfg: ServeConfig) -> list[str]:
+    """The verifier's ``--head`` flags."""
+    heads = cfg.heads if cfg.heads is not None else family_heads(cfg.family_dir)
+    return [a for name, path in heads.items() for a in ("--head", f"{name}={path}")]
+
+
 def spin_argv(*args: str) -> list[str]:
     """The command line of ``spin ARGS`` in a child process (this interpreter)."""
     return [sys.executable, "-m", "spin", *args]
@@ -246,7 +267,7 @@ class Embedded:
         loopback = ServerConfig(port=0, metrics_port=0)
         verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
         self.children.append(Child("verifier", spin_argv(
-            "verifier", "--model", target, "--threads", str(threads),
+            "verifier", "--model", target, "--threads", str(threads), *head_argv(cfg),
             *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
         drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)
         for name, model in drafter_models.items():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from chi_square import chi_square_p
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from spin.bench.gpu_shapes import TINY_TARGET, build_random
@@ -224,19 +225,6 @@ def _verify(ctxs: list[tuple[int, ...]], parents: tuple[int, ...], params: Sampl
     return [v.tokens for v in verdicts]
 
 
-def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """p-value of ``counts`` under ``probs``, cells expecting fewer than 5 pooled into one."""
-    expected = probs * counts.sum()
-    assert counts[expected == 0].sum() == 0, "a token outside the distribution's support"
-    small = (expected > 0) & (expected < 5)
-    obs = torch.cat([counts[expected >= 5], counts[small].sum()[None]])
-    exp = torch.cat([expected[expected >= 5], expected[small].sum()[None]])
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("shape,params,sampled", [
     ("chain", T1, True), ("tree", NUCLEUS, True), ("tree", T1, False)],
@@ -258,8 +246,8 @@ def test_verification_keeps_the_target_distribution(device: str, shape: str,
         counts[toks[0], toks[1] if len(toks) >= 2 else next(second)[0]] += 1
     p1 = probs_from_logits(_target(()), params)                                        # [V]
     p2 = torch.stack([probs_from_logits(_target((a,)), params) for a in range(V)])     # [V, V]
-    assert _chi_square_p(counts.sum(1), p1) > 1e-3
-    assert _chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 1e-3
+    assert chi_square_p(counts.sum(1), p1) > 1e-3
+    assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 1e-3
     q1 = probs_from_logits(_draft_logits(()), params)
     if (q1 > 0).all():  # (nucleus: q1 may lack tokens p1 has)
-        assert _chi_square_p(counts.sum(1), q1) < 1e-3
+        assert chi_square_p(counts.sum(1), q1) < 1e-3

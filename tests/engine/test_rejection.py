@@ -5,6 +5,7 @@ from functools import lru_cache
 
 import pytest
 import torch
+from chi_square import chi_square_p
 
 from spin.engine import rejection
 from spin.engine.rejection import (emitted_probs, walk_host, num_uniforms, stochastic_path,
@@ -67,15 +68,6 @@ def first_two_tokens(parents: tuple[int, ...], params: SamplingParams, sampled: 
         tree = draft_tree(out, parents, params, sampled, gen)
         out += verify_stochastic(tree, target_rows(out, tree, params), gen).tokens
     return out[0], out[1]
-
-
-def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    expected = expected_probs * counts.sum()
-    support = expected > 0
-    assert counts[~support].sum() == 0, "a token outside the target's support was emitted"
-    stat = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
-    dof = int(support.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
 
 
 SHAPES = {"chain": (-1, 0, 1), "tree": (-1, -1, 0, 1, 2)}

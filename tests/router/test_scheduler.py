@@ -201,7 +201,8 @@ class Recording(FixedPolicy):
         self.released: list[str] = []
         self.outcomes: list[StepOutcome] = []
 
-    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+    def choose(self, requests: list[RequestView], available: set[str],
+               heads: frozenset[str] = frozenset()) -> StepPlan:
         plan = super().choose(requests, available)
         if self.stop_below:
             plan = StepPlan([StepChoice(c.drafter, c.k, stop_below=self.stop_below)
@@ -542,7 +543,7 @@ def test_verifier_outage_fails_the_requests_with_unavailable() -> None:
 def test_prompt_lookup_rounds_score_each_generated_token_once() -> None:
     async def go() -> None:
         class Probe(Recording):
-            def choose(self, requests, available):
+            def choose(self, requests, available, heads=frozenset()):
                 return StepPlan([StepChoice(None, score=(PROMPT_LOOKUP,)) for _ in requests])
 
         policy = Probe()
@@ -565,7 +566,7 @@ def test_a_sampling_request_s_scoring_calls_carry_the_target_s_probabilities(gre
     none and their scores carry no estimate."""
     async def go() -> None:
         class Probe(Recording):
-            def choose(self, requests, available):
+            def choose(self, requests, available, heads=frozenset()):
                 return StepPlan([StepChoice(None, score=("fake",)) for _ in requests])
 
         policy, drafter = Probe(), FakeDrafter(2)
@@ -704,7 +705,7 @@ def test_a_cancelled_request_is_released_everywhere() -> None:
 def test_a_failing_step_ends_its_requests_with_internal() -> None:
     async def go() -> None:
         class Broken(Recording):
-            def choose(self, requests, available):
+            def choose(self, requests, available, heads=frozenset()):
                 raise RuntimeError("policy bug")
 
         sched = scheduler(Broken())

@@ -71,6 +71,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                     "in the local cache (default: the demo family's target)")
     sv.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH_OR_NAME",
                     help="a draft model (repeatable; default: the demo family's draft models)")
+    sv.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
+                    help="an EAGLE-3 draft head served inside the verifier (repeatable; "
+                         "default: the demo family's heads)")
+    sv.add_argument("--no-heads", action="store_true", help="serve no draft head")
     model_flags(sv)
     sv.add_argument("--drafter-kv-cache-memory", type=size, metavar="SIZE",
                     help="each drafter's KV cache budget (default: its device's default: "
@@ -90,6 +94,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
     overrides = policy_overrides(args.policy_config)
     drafter_models = named_models(args.drafter, "--drafter") if args.drafter else None
+    heads = {} if args.no_heads else (named_models(args.head, "--head") if args.head else None)
     router = RouterConfig(default_drafter=default_drafter(args.default_drafter),
                           default_k=args.default_k, policy=args.policy, policy_config=overrides,
                           http_port=None if args.no_http else 8000,
@@ -113,7 +118,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                        drafters=args.drafters.split(",") if args.drafters else None,
                        router=router, redis=not args.no_redis, cpus=args.cpus,
                        drafter_quantize=args.drafter_quantize, target=args.target,
-                       drafter_models=drafter_models, runner=runner_config(args),
+                       drafter_models=drafter_models, heads=heads,
+                       runner=runner_config(args),
                        drafter_kv_cache_memory=args.drafter_kv_cache_memory,
                        restart=RestartPolicy(max_restarts=args.max_restarts),
                        http_port=args.http_port, tls_cert=args.tls_cert, tls_key=args.tls_key,

@@ -14,10 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..engine.verifier import HEAD_WINDOW
 from ..router.config import RouterConfig, SchedulerConfig, from_json
 from ..router.discovery import KubernetesDiscoveryConfig
-from .flags import (check_policy_overrides, fail, model_flags, place, positive, quantize_flag,
-                    runner_config, server_config, service_flags, service_logging, threads)
+from .flags import (check_policy_overrides, fail, model_flags, named_models, place, positive,
+                    quantize_flag, runner_config, server_config, service_flags, service_logging,
+                    threads)
 
 NO_DRAFTER = ("", "none", "off")
 """``--default-drafter`` values meaning no speculation (``RouterConfig.default_drafter`` None)."""
@@ -52,8 +54,17 @@ def add_verifier(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     sp.add_argument("--no-decompose", action="store_true",
                     help="one forward per batch (no splitting into sub-batches)")
+    sp.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
+                    help="serve an EAGLE-3 draft head (its checkpoint directory) inside the "
+                         "verifier as drafter NAME; repeatable")
+    sp.add_argument("--head-window", type=positive(int), default=HEAD_WINDOW,
+                    metavar="POSITIONS",
+                    help="per request, how many committed positions' target states are kept "
+                         "for the heads (a request that starts using a head later attends to "
+                         f"that many positions of its context; default {HEAD_WINDOW})")
     _step_times(sp)
     sp.set_defaults(func=_verifier)
+
 
 
 def add_drafter(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +86,9 @@ def _verifier(args: argparse.Namespace) -> int:
     threads(args)
     try:
         run(str(args.model), server_config(args), runner_config(args),
-            decompose=not args.no_decompose, step_times=args.step_times)
+            decompose=not args.no_decompose, step_times=args.step_times,
+            heads=named_models(args.head, "--head"),
+            head_window=args.head_window)
     except ValueError as e:  # a device, dtype or memory budget that cannot work
         return fail("verifier", e)
     return 0

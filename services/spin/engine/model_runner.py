@@ -167,6 +167,8 @@ class ModelRunner:
         256 x 32768, which is why it is not the CPU's default dtype), and attention in float64
         (``attention.sdpa``)."""
         self.iota = Iota(self.device)
+        self.features: torch.Tensor | None = None
+        """The last forward's layer inputs that it was asked to keep (``forward``)."""
         static = not self.batch_invariant and (compile or (cuda_graphs
                                                            and self.device.type == "cuda"))
         self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
@@ -256,16 +258,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], last_only: bool = False,
-                logits_from: list[int] | None = None) -> torch.Tensor:
+                logits_from: list[int] | None = None,
+                features: tuple[int, ...] | None = None) -> torch.Tensor:
         """Logits of the new tokens: [B, Lq, V'] of every new token (rows past an item's length
         are padding); with ``logits_from`` [B, Lr, V'] of item i's tokens from index
         ``logits_from[i]`` on (row j = token ``logits_from[i] + j``; a prefill's verification
         needs only its last token's row, and an output layer over a 150k vocabulary costs more
         than the rest of a small model); with ``last_only`` [B, 1, V'] of each item's last token
-        (all a chain drafter needs). V' = ``vocab_limit``."""
+        (all a chain drafter needs). V' = ``vocab_limit``. ``features``: also keep the
+        residual-stream inputs of these layers for every new token, concatenated, in
+        ``self.features`` [B, Lq, len(features) * D] (what a draft head takes: ``eagle.py``;
+        such a forward runs eager)."""
         self.reserve(items)
         sizes = [len(it.tokens) for it in items]
-        if self.graphs is not None:
+        self.features = None
+        if self.graphs is not None and not features:
             lk = max(self.cache.lengths[it.seq] + n for it, n in zip(items, sizes))
             rows = list(iter_rows(sizes, last_only, logits_from))
             hidden = self.graphs.forward(items, rows, lk)                     # [B, Lr, D]
@@ -281,11 +288,11 @@ class ModelRunner:
         if flex:
             lay["plan"] = self._plan(paged.table, lay["ctx"], lay["n"], max(sizes), lay["anc"])
         if not self.batch_invariant:
-            return self._compute(lay, paged, sizes, last_only, logits_from)
+            return self._compute(lay, paged, sizes, last_only, logits_from, features)
         was = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)  # ATen's own matmuls (see batch_invariant)
         try:
-            return self._compute(lay, paged, sizes, last_only, logits_from)
+            return self._compute(lay, paged, sizes, last_only, logits_from, features)
         finally:
             torch._C._set_mkldnn_enabled(was)
 
@@ -295,14 +302,19 @@ class ModelRunner:
         return build_plan(table, ctx, n, lq, self.cache.k.shape[1], self.cache.block_size, anc)
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                paged: Paged, plan: FlexPlan | None = None) -> torch.Tensor:
+                paged: Paged, plan: FlexPlan | None = None,
+                features: tuple[int, ...] | None = None) -> torch.Tensor:
         """The decoder layers over new tokens [B, Lq] at positions [B, Lq] -> [B, Lq, D];
-        attention by SDPA under ``mask``, or by FlexAttention under ``plan``."""
+        attention by SDPA under ``mask``, or by FlexAttention under ``plan``; ``features``:
+        the inputs of these layers kept in ``self.features`` (``forward``)."""
         b, lq = tokens.shape
         x = F.embedding(tokens, self.embed)                                           # [B, Lq, D]
         cos, sin = self.rotary(x, positions)                                          # [B, Lq, hd]
         cos, sin = cos[:, :, None], sin[:, :, None]                                   # [B, Lq, 1, hd]
+        kept: dict[int, torch.Tensor] = {}
         for li, w in enumerate(self.layers):
+            if features and li in features:
+                kept[li] = x
             h = self._rms(x, w.attn_norm)
             qkv = linear(h, w.qkv, w.qkv_bias).view(b, lq, -1, self.head_dim)
             q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=2)     # [B, Lq, *, hd]
@@ -317,6 +329,8 @@ class ModelRunner:
             x = x + linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
             gate, up = linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, w.down)
+        if features:
+            self.features = torch.cat([kept[li] for li in features], dim=-1)      # [B, Lq, 3D]
         return x
 
     def static_body(self, tokens: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor,
@@ -331,9 +345,10 @@ class ModelRunner:
         return self._rms(self._hidden(tokens, positions, mask, paged, plan), self.norm)
 
     def _compute(self, lay: dict[str, torch.Tensor | None], paged: Paged, sizes: list[int],
-                 last_only: bool, logits_from: list[int] | None) -> torch.Tensor:
+                 last_only: bool, logits_from: list[int] | None,
+                 features: tuple[int, ...] | None = None) -> torch.Tensor:
         x = self._hidden(lay["tokens"], lay["positions"], lay["mask"], paged,
-                         lay.get("plan"))                                             # [B, Lq, D]
+                         lay.get("plan"), features)                                   # [B, Lq, D]
         b = x.shape[0]
         if last_only:
             logits_from = [n - 1 for n in sizes]

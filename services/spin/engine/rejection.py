@@ -54,6 +54,9 @@ class Verdict:
     emitted from (temperature, top-k, top-p applied). The router sends them with a scoring call,
     so a drafter can estimate its acceptance on the request's sampled output
     (``ModelDrafter.score``)."""
+    head_draft: tuple[int, ...] = ()
+    """The chain a head drafted for the request's next step, when the task asked
+    (``head_runner.py``)."""
 
     @property
     def num_accepted(self) -> int:

@@ -12,20 +12,27 @@ trees (a plain step needs fewer blocks; not a seeded sampling request, whose tok
 differ), then are preempted: their cache is dropped, their context kept, and they get no verdict
 this step (``None``); verified again later, they recompute their cache and emit what they would
 have (a seeded request draws the same numbers at the same step: ``Sequences.generator``).
+
+With draft heads (``head_runner.py``), the forward also keeps the target's states of the layers
+the heads read; each request's committed positions go to the feature log, and a request whose
+task asks a head to draft gets the head's chain for its next step with its verdict.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from .eagle import EagleHead
+from .head_runner import DraftTask, FeatureLog, HeadAsk, HeadRunner
 from .logprobs import emitted_logprobs
 from .model_runner import ForwardItem, ModelRunner
 from .rejection import PendingVerdicts, Verdict, decide_batch
-from .sampling import SamplingParams
-from .sequences import Sequence, Sequences
+from .sampling import SamplingParams, seeded_generator
+from .sequences import Sequence, Sequences, step_seed
 from .tree import TokenTree
 
 Split = Callable[[list[tuple[int, int]]], list[list[int]]]
@@ -49,6 +56,15 @@ class VerifyRequest:
     logprobs: int | None = None
     """None: no log-probabilities; n: each emitted token's and its n most likely alternatives
     (``logprobs.py``)."""
+    head: HeadAsk | None = None
+    """A head's part: its stored draft as this step's tree, a draft for the next step."""
+
+
+HEAD_SEED_OFFSET = 7919
+"""A seeded request's head drafts draw from (seed + this, context length): their own numbers."""
+HEAD_WINDOW = 256
+"""Committed positions of each request whose target states are kept for the heads (a request
+that starts using a head later starts the head's attention there)."""
 
 
 @dataclass
@@ -56,6 +72,8 @@ class _Step:
     request: VerifyRequest
     seq: Sequence
     tree: TokenTree
+    fed: int = 0
+    """Context tokens this step feeds (its tail; set at launch)."""
 
     def new_tokens(self, seqs: Sequences) -> int:
         return len(self.seq.context) - seqs.cache.lengths[self.seq.seq] + len(self.tree)
@@ -64,13 +82,50 @@ class _Step:
 class Verifier:
     """The target model with its per-request contexts, caches and generators."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, heads: dict[str, EagleHead] | None = None,
+                 head_window: int = HEAD_WINDOW) -> None:
+        """``heads``: draft heads by name (all reading the same target layers)."""
         self.runner = runner
         self.seqs = Sequences(runner.cache)
+        self.heads: dict[str, HeadRunner] = {}
+        self.features: tuple[int, ...] | None = None
+        """The target layers whose states the heads read (None without heads)."""
+        self.log = FeatureLog(head_window)
+        self.head_seconds: dict[str, float] = {}
+        """Seconds each head's drafts took in the last step (inside ``finish``)."""
+        self._head_generator = seeded_generator(None, runner.device)
+        for name, head in (heads or {}).items():
+            self.add_head(name, head)
+
+    def add_head(self, name: str, head: EagleHead) -> None:
+        """Serve ``head`` as ``name``: on the target's device and dtype, a cache of as many
+        positions as the target's (one layer)."""
+        aux = tuple(head.config.aux_layers)
+        if self.features is not None and aux != self.features:
+            raise ValueError(f"head {name} reads target layers {list(aux)}, the others "
+                             f"{list(self.features)}: one verifier's heads must agree")
+        width = self.runner.embed.shape[1]
+        if head.config.target_hidden_size != width:
+            raise ValueError(f"head {name} is for a target of width "
+                             f"{head.config.target_hidden_size}, this one's is {width}")
+        if head.config.vocab_size > self.runner.vocab_size:
+            raise ValueError(f"head {name} drafts over {head.config.vocab_size} tokens, the "
+                             f"target scores {self.runner.vocab_size}")
+        self.features = aux
+        blocks = self.runner.cache.blocks
+        head = head.to(self.runner.device, self.runner.dtype)
+        self.heads[name] = HeadRunner(name, head, self.runner.embed, blocks.num_blocks,
+                                      blocks.max_seqs, blocks.block_size)
 
     def release(self, request_id: str) -> None:
         """Forget the request and free its cache; unknown ids are ignored (idempotent)."""
         self.seqs.release(request_id)
+        self._forget_states(request_id)
+
+    def _forget_states(self, request_id: str) -> None:
+        self.log.release(request_id)
+        for h in self.heads.values():
+            h.release(request_id)
 
     def _fit(self, steps: list[_Step]) -> list[_Step]:
         """The steps that get blocks this batch: the youngest drop their trees, then are
@@ -93,6 +148,7 @@ class Verifier:
             if sum(need(s) for s in kept) <= blocks.free_blocks:
                 break
             self.seqs.evict(st.request.request_id)
+            self._forget_states(st.request.request_id)
             kept.remove(st)
         return kept
 
@@ -119,7 +175,8 @@ class Verifier:
             if len(s.context) >= max_len:
                 raise ValueError(f"{r.request_id}: context of {len(s.context)} tokens is full "
                                  f"(max model length {max_len})")
-            tree = r.tree if len(s.context) + len(r.tree) < max_len else TokenTree((), ())
+            tree = self._tree(r, s)
+            tree = tree if len(s.context) + len(tree) < max_len else TokenTree((), ())
             steps.append(_Step(r, s, tree))
         runnable = self._fit(steps)
         sizes = [(st.new_tokens(self.seqs), len(st.seq.context) + len(st.tree)) for st in runnable]
@@ -127,21 +184,63 @@ class Verifier:
         launched = [self._launch([runnable[j] for j in g]) for g in groups if g]
         return PendingStep(self, [r.request_id for r in requests], launched)
 
+    def _tree(self, r: VerifyRequest, s: Sequence) -> TokenTree:
+        """The step's tree: the task's, or its head's stored draft (with the distributions
+        its tokens were drawn from) when the task says so and the tokens agree."""
+        if not self.heads:
+            return r.tree
+        valid = self.runner.cache.lengths[s.seq]
+        self.log.truncate(r.request_id, valid)
+        for h in self.heads.values():
+            h.rollback(r.request_id, valid)
+        ask = r.head
+        if ask is None or ask.stored <= 0 or ask.name not in self.heads:
+            return r.tree
+        d = self.heads[ask.name].stored(r.request_id, len(s.context))
+        n = ask.stored
+        if d is None or r.tree.tokens != d.tokens[:n] or not r.tree.is_chain:
+            return TokenTree((), ())  # not what the head drafted: a plain step
+        return TokenTree.chain(list(d.tokens[:n]), d.probs[:n] if d.probs is not None else None)
+
     def _launch(self, steps: list[_Step]) -> _Launched:
         items: list[ForwardItem] = []
         starts: list[int] = []
         for st in steps:
             tail = self.seqs.feed(st.seq)
+            st.fed = len(tail)
             tree = st.tree
             parents = None if tree.is_chain else tuple(range(-1, len(tail) - 1)) + tuple(
                 len(tail) - 1 if p < 0 else p + len(tail) for p in tree.parents)
             items.append(ForwardItem(st.seq.seq, tail + list(tree.tokens), parents))
             starts.append(len(tail) - 1)  # rows from the last context token on
-        logits = self.runner.forward(items, logits_from=starts)                 # [B, N + 1, V]
+        logits = self.runner.forward(items, logits_from=starts,
+                                     features=self.features)                  # [B, N + 1, V]
         pending = decide_batch(logits, [0] * len(steps), [st.tree for st in steps],
                                [st.request.sampling for st in steps],
                                [self.seqs.generator(st.seq) for st in steps])
-        return _Launched(steps, logits, pending)
+        return _Launched(steps, logits, pending, self.runner.features)
+
+    def _draft(self, steps: list[_Step], verdicts: dict[str, Verdict]) -> None:
+        """The heads' drafts for the next step of the requests that asked, into their
+        verdicts (``Verdict.head_draft``)."""
+        by_head: dict[str, list[DraftTask]] = {}
+        for st in steps:
+            ask, rid = st.request.head, st.request.request_id
+            if ask is None or ask.k <= 0 or ask.name not in self.heads or rid not in verdicts:
+                continue
+            sp, gen = st.request.sampling, None
+            if not sp.greedy:
+                gen = (seeded_generator(step_seed(st.seq.seed + HEAD_SEED_OFFSET,
+                                                  len(st.seq.context)), self.runner.device)
+                       if st.seq.seed is not None else self._head_generator)
+            by_head.setdefault(ask.name, []).append(
+                DraftTask(rid, st.seq.context, ask.k, sp, gen))
+        self.head_seconds = {}
+        for name, tasks in by_head.items():
+            t0 = time.perf_counter()
+            for rid, d in self.heads[name].draft(tasks, self.log).items():
+                verdicts[rid] = replace(verdicts[rid], head_draft=d.tokens)
+            self.head_seconds[name] = time.perf_counter() - t0
 
     def _settle(self, launched: _Launched) -> dict[str, Verdict]:
         """A group's verdicts: log-probabilities, the accepted path compacted and committed."""
@@ -151,6 +250,10 @@ class Verifier:
                 verdict = replace(verdict, logprobs=tuple(emitted_logprobs(
                     launched.logits[b], verdict, st.request.logprobs)))
             base = len(st.seq.context)
+            if launched.features is not None:  # the committed positions' states, for the heads
+                rows = list(range(st.fed)) + [st.fed + n for n in verdict.accepted]
+                self.log.record(st.request.request_id, base - st.fed,
+                                launched.features[b, rows])
             cache.compact(st.seq.seq, [base + n for n in verdict.accepted], base)
             cache.commit(st.seq.seq, base + verdict.num_accepted)
             st.seq.context.extend(verdict.tokens)
@@ -165,6 +268,8 @@ class _Launched:
     steps: list[_Step]
     logits: torch.Tensor
     pending: PendingVerdicts
+    features: torch.Tensor | None = None
+    """[B, Lq, F] the target's states the heads read (None without heads)."""
 
 
 @dataclass
@@ -189,5 +294,6 @@ class PendingStep:
             verdicts: dict[str, Verdict] = {}
             for x in self.launched:
                 verdicts.update(self.verifier._settle(x))
+            self.verifier._draft([st for x in self.launched for st in x.steps], verdicts)
             self._result = [verdicts.get(rid) for rid in self.request_ids]
         return self._result

@@ -53,9 +53,11 @@ class RequestView:
 
 
 class Policy(Protocol):
-    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+    def choose(self, requests: list[RequestView], available: set[str],
+               heads: frozenset[str] = frozenset()) -> StepPlan:
         """One choice per request, in order, using only drafters in ``available``, and the
-        step's predicted cost."""
+        step's predicted cost. ``heads``: those of ``available`` that draft inside the
+        verifier (they score no prompt: every request may try them)."""
         ...
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -99,7 +101,8 @@ class FixedPolicy:
     fallback: str | None = PROMPT_LOOKUP
     """Used when the wanted drafter is not available (None = k = 0)."""
 
-    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+    def choose(self, requests: list[RequestView], available: set[str],
+               heads: frozenset[str] = frozenset()) -> StepPlan:
         out = StepPlan()
         for r in requests:
             if r.mode == "off":

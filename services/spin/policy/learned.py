@@ -105,6 +105,8 @@ class LearnedPolicy:
         self.population = (PopulationFeed(population, self._set_population, self.cfg.refresh_s)
                            if population is not None else None)
         """The population statistics, re-read in the background (``population.py``)."""
+        self.heads: frozenset[str] = frozenset()
+        """The drafters that draft inside the verifier, as the last ``choose`` had them."""
 
     def _set_population(self, stats: Mapping[str, StepStats]) -> None:
         """New population statistics: the bandit priors and acceptance seeds."""
@@ -132,7 +134,9 @@ class LearnedPolicy:
         return self._state(r.request_id)
 
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
-    def choose(self, requests: list[RequestView], available: set[str]) -> StepPlan:
+    def choose(self, requests: list[RequestView], available: set[str],
+               heads: frozenset[str] = frozenset()) -> StepPlan:
+        self.heads = heads  # every request's bandit may try them (``_candidates``)
         states = [self._begin(r) for r in requests]
         plain = self.guard.plain(requests)  # the loss guard's plain requests: mode off now
         requests = [replace(r, mode="off") if p else r for r, p in zip(requests, plain)]
@@ -201,7 +205,7 @@ class LearnedPolicy:
                     w = self.cfg.fit_trials
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
-        return set(fitting) | (available & {PROMPT_LOOKUP})
+        return set(fitting) | (available & ({PROMPT_LOOKUP} | self.heads))
 
     def _ks(self, requests: list[RequestView], states: list[RequestState],
             drafters: list[str | None], batch: Batch, cands: dict[str, set[str]],

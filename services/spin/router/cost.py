@@ -34,6 +34,8 @@ class ReplicaCosts:
         """Called with every new model (the policy's ``set_cost_model``)."""
         self.verify: list[VerifySample] = []
         self.drafts: dict[str, list[DraftSample]] = {}
+        self.in_verifier: set[str] = set()
+        """The verifier's draft heads (their drafts cost no round trip)."""
 
     def _samples(self) -> list[DraftSample]:
         return [s for ss in self.drafts.values() for s in ss]
@@ -49,12 +51,16 @@ class ReplicaCosts:
             return None
         rpc = self.rpc_overhead_s
         cost.verify = (cost.verify[0] + rpc, *cost.verify[1:])
-        cost.draft = {d: (c[0] + rpc, *c[1:]) for d, c in cost.draft.items()}
+        cost.draft = {d: (c[0] + (0.0 if d in self.in_verifier else rpc), *c[1:])
+                      for d, c in cost.draft.items()}
         return cost
 
     def verifier(self, info) -> None:
         """The verifier's model info (``ModelInfo``)."""
         self.verify = verify_from_proto(info)
+        for h in info.head_step_times:  # drafters inside the verifier: no round trip of their own
+            self.drafts[h.head] = draft_from_proto(h.head, h)
+            self.in_verifier.add(h.head)
         self._refit(f"the verifier's {len(self.verify)} forwards")
 
     def drafter(self, name: str, info) -> None:

@@ -11,7 +11,10 @@ is this module's business. The kinds:
 - ``ModelDrafter``: a draft model served by ``spin drafter`` replicas (``services.Drafter``: a
   ``ReplicaPool`` that records what each replica holds of each request and what it must free);
 - ``TranslatedDrafter``: a draft model with another tokenizer, drafting through token translation
-  (the router keeps each request's context in the drafter's tokens: ``engine/translate.py``).
+  (the router keeps each request's context in the drafter's tokens: ``engine/translate.py``);
+- ``DraftHead``: an EAGLE-3 head inside the verifier (``engine/head_runner.py``): it drafts a
+  request's next chain right after the request's verdict, in the same call (``Proposals.asks``
+  ride on the verification task; ``verified`` reads the chain back).
 
 ``Proposers`` is the registry the scheduler reads: the router's local proposers and one drafter
 proposer per drafter service, live over the services that discovery adds and removes. A new kind
@@ -23,9 +26,10 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ..engine.head_runner import HeadAsk
 from ..engine.prompt_lookup import PROMPT_LOOKUP, lookup_tree
 from ..engine.sampling import SamplingParams
 from ..engine.translate import TranslatedContext, Translator
@@ -33,7 +37,7 @@ from ..engine.tree import TokenTree
 from ..policy.base import StepChoice
 from ..policy.outcome import Score
 from .requests import RouterRequest
-from .services import DraftResult, DraftTask, Drafter, ServiceDown
+from .services import DraftResult, DraftTask, Drafter, ServiceDown, VerifyResult
 
 log = logging.getLogger(__name__)
 Group = list[tuple[RouterRequest, StepChoice]]
@@ -58,6 +62,8 @@ class Proposals:
     """A service answered (its health and its seconds count as a drafter call's)."""
     failed: bool = False
     """The service did not answer: its requests draft nothing this step."""
+    asks: dict[str, HeadAsk] = field(default_factory=dict)
+    """Request id -> what its verification task asks of a draft head."""
 
 
 class Proposer(abc.ABC):
@@ -66,6 +72,8 @@ class Proposer(abc.ABC):
     name: str
     can_score: bool = True
     """Its predictions are in the target's tokens, so it can score a request's context."""
+    in_verifier: bool = False
+    """It drafts inside the verifier (a draft head: no prompt score, no call of its own)."""
 
     @property
     @abc.abstractmethod
@@ -91,6 +99,9 @@ class Proposer(abc.ABC):
 
     async def flush(self) -> None:
         """Send pending releases now (the router idles)."""
+
+    def verified(self, results: Mapping[str, VerifyResult]) -> None:
+        """The verdicts of the requests it proposed for this step (request id -> result)."""
 
 
 class PromptLookup(Proposer):
@@ -236,6 +247,53 @@ class TranslatedDrafter(ModelDrafter):
             log.warning("request %s: %s's draft did not translate: %r", r.request_id, self.name, e)
             return None
         return TokenTree.chain(tokens) if tokens else None
+
+
+class DraftHead(Proposer):
+    """A draft head inside the verifier. Its proposal for a step is the chain it drafted right
+    after the request's previous verdict (the tokens kept here, their distributions in the
+    verifier); each step asks for the next chain. A request's first step with it (no chain yet)
+    is a plain step that asks."""
+
+    can_score = False
+    in_verifier = True
+
+    def __init__(self, name: str, available: Callable[[], bool]) -> None:
+        """``available``: whether the verifier can be asked."""
+        self.name = name
+        self._available = available
+        self._drafts: dict[str, tuple[int, list[int]]] = {}
+        """Request id -> (the context length it was drafted at, the chain)."""
+        self._asked: dict[str, int] = {}
+        """Request id -> its context length when this step asked."""
+
+    @property
+    def available(self) -> bool:
+        return self._available()
+
+    async def propose(self, group: Group, timeout_s: float) -> Proposals:
+        out = Proposals()
+        for r, c in group:
+            at, chain = self._drafts.pop(r.request_id, (-1, []))
+            n = min(c.k, len(chain)) if at == r.context_len else 0
+            if n:
+                out.trees[r.request_id] = TokenTree.chain(chain[:n])
+            out.asks[r.request_id] = HeadAsk(self.name, k=c.k, stored=n)
+            self._asked[r.request_id] = r.context_len
+        return out
+
+    async def score(self, group: Group, timeout_s: float) -> Proposals:
+        return Proposals()
+
+    def verified(self, results: Mapping[str, VerifyResult]) -> None:
+        for rid, res in results.items():
+            at = self._asked.pop(rid, None)
+            if at is not None and res.tokens and res.head_draft:
+                self._drafts[rid] = (at + len(res.tokens), list(res.head_draft))
+
+    def release(self, request_id: str) -> None:
+        self._drafts.pop(request_id, None)
+        self._asked.pop(request_id, None)
 
 
 class Proposers(Mapping[str, Proposer]):

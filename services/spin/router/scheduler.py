@@ -180,10 +180,12 @@ class Scheduler:
         """One choose -> draft -> verify -> apply step of a micro-batch."""
         t0 = time.perf_counter()
         available = {n for n in list(self.proposers) if self.proposers[n].available}
-        plan = self.policy.choose([self._view(r) for r in reqs], available)
+        heads = frozenset(n for n in available if self.proposers[n].in_verifier)
+        plan = self.policy.choose([self._view(r) for r in reqs], available, heads)
         tracing.start_steps(reqs, plan)  # no-op unless tracing is on
         drafts = await self._call(self._groups(reqs, plan), "propose")
         trees = {rid: t for p in drafts.values() for rid, t in p.trees.items()}
+        asks = {rid: a for p in drafts.values() for rid, a in p.asks.items()}
         t1 = time.perf_counter()
         # scoring calls do not feed this step's trees: they run while the verifier works
         scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
@@ -192,7 +194,7 @@ class Scheduler:
             keep = self.verifier.keep(r.request_id)
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
-                                    r.tracestate, r.params.logprobs))
+                                    r.tracestate, r.params.logprobs, asks.get(r.request_id)))
         reply: VerifyReply | None = None
         try:
             reply = await self.verifier.verify(tasks, self.cfg.verify_timeout_s)
@@ -207,10 +209,17 @@ class Scheduler:
                 scores[rid].append(sc)
         called = {n: not p.failed for calls in (drafts, scored) for n, p in calls.items()
                   if p.remote}
+        if reply is not None:
+            by_id = {res.request_id: res for res in reply.results}
+            for name, p in drafts.items():
+                if (proposer := self.proposers.get(name)) is not None:
+                    proposer.verified({rid: by_id[rid] for rid in p.asks if rid in by_id})
         prediction = plan.prediction if reply is not None else None  # nothing to calibrate on
+        heads = reply.head_seconds if reply is not None else {}  # inside the verifier's time
         step = StepOutcome((), prediction, t1 - t0, t2 - t1, 0.0,
-                           {n: p.seconds for n, p in drafts.items()},
-                           reply.verify_seconds if reply is not None else 0.0, called)
+                           {n: heads.get(n, p.seconds) for n, p in drafts.items()},
+                           reply.verify_seconds - sum(heads.values()) if reply is not None
+                           else 0.0, called)
         self._apply(reqs, plan, reply, trees, scores, step, t0)
         if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile

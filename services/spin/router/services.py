@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..engine.head_runner import HeadAsk
 from ..engine.sampling import SamplingParams
 from ..engine.tree import TokenTree
 from ..engine.logprobs import TokenLogprobs
@@ -103,6 +104,8 @@ class VerifyTask:
     tracestate: str = ""
     logprobs: int | None = None
     """Log-probabilities to return (``engine/logprobs.py``; None: none)."""
+    head: HeadAsk | None = None
+    """A draft head's part (its stored draft as the tree, a draft for the next step)."""
 
 
 @dataclass
@@ -125,6 +128,8 @@ class VerifyResult:
     token_probs: list[float] = field(default_factory=list)
     """Sampling requests: one per ``tokens``, its probability under the processed target row it
     was emitted from (empty when greedy)."""
+    head_draft: list[int] = field(default_factory=list)
+    """The task's head's chain for the request's next step (``HeadAsk.k``)."""
 
 
 @dataclass
@@ -137,6 +142,8 @@ class VerifyReply:
     free_blocks: int = 0
     num_blocks: int = 0
     """The verifier's KV blocks free and in all after the batch (0 = not reported)."""
+    head_seconds: dict[str, float] = field(default_factory=dict)
+    """Of ``verify_seconds``, each draft head's drafting."""
 
 
 # ---- what the scheduler calls -------------------------------------------------------------------
@@ -226,9 +233,10 @@ class VerifierClient(_PoolFacade):
         resp = await self.pool.call(batch, timeout_s)
         return VerifyReply([VerifyResult(r.request_id, list(r.tokens), r.num_accepted, r.resync,
                                          r.preempted, logprobs_from_proto(r.logprobs) if r.logprobs
-                                         else None, list(r.token_probs))
+                                         else None, list(r.token_probs), list(r.head_draft))
                             for r in resp.results],
-                           resp.verify_seconds, resp.free_blocks, resp.num_blocks)
+                           resp.verify_seconds, resp.free_blocks, resp.num_blocks,
+                           dict(resp.head_seconds))
 
 
 class DrafterClient(_PoolFacade):
@@ -280,7 +288,10 @@ def _verify_task(t: VerifyTask) -> verifier_pb2.VerifyTask:
                                    context_delta=t.context_delta, tree=tree,
                                    sampling=sampling_to_proto(t.sampling),
                                    traceparent=t.traceparent, tracestate=t.tracestate,
-                                   logprobs=t.logprobs)
+                                   logprobs=t.logprobs,
+                                   head=verifier_pb2.HeadAsk(name=t.head.name, k=t.head.k,
+                                                             stored=t.head.stored)
+                                   if t.head is not None else None)
 
 
 def _draft_task(t: DraftTask) -> drafter_pb2.DraftTask:

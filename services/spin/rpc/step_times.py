@@ -31,9 +31,10 @@ import torch
 from tqdm import tqdm
 
 from ..engine.drafter import ModelDrafter
+from ..engine.head_runner import HeadRunner
 from ..engine.model_runner import ModelRunner
 from ..timing.cost_model import DraftSample, VerifySample
-from ..timing.measure import profile_draft, profile_verify
+from ..timing.measure import profile_draft, profile_head, profile_verify
 from ..v1 import model_info_pb2
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,27 @@ def drafter_times(drafter: ModelDrafter, model_path: str, mode: StepTimesMode = 
     return [DraftSample(**{**r, "drafter": drafter.name}) for r in rows]
 
 
+def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
+               mode: StepTimesMode = "auto", cache: Path | None = None, grid: Grid = Grid()
+               ) -> list[DraftSample]:
+    """A draft head's drafts inside the verifier of ``target`` over the grid (measured or
+    cached; [] with mode off)."""
+    if mode == "off":
+        return []
+
+    def measure() -> list[dict]:
+        points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
+        with tqdm(total=points, desc=f"measuring head {head.name}'s drafts", unit="point",
+                  file=sys.stderr, mininterval=2.0) as bar:
+            c = head.head.config
+            samples = profile_head(head.name, head, len(c.aux_layers) * c.target_hidden_size,
+                                   grid.batches, grid.ks, grid.contexts, grid.reps, bar)
+        return [asdict(s) for s in samples]
+
+    rows = _cached(_key("head", target, model_path, grid, False), measure, mode, cache)
+    return [DraftSample(**{**r, "drafter": head.name}) for r in rows]
+
+
 def to_proto(samples: list[VerifySample] | list[DraftSample]) -> list[model_info_pb2.StepTime]:
     """Samples as ``ModelInfo.step_times`` (tokens: new tokens scored, or k)."""
     return [model_info_pb2.StepTime(
@@ -174,6 +196,7 @@ def verify_from_proto(info: model_info_pb2.ModelInfo) -> list[VerifySample]:
             for t in info.step_times if t.batch > 0 and t.seconds > 0 and t.tokens >= t.batch]
 
 
-def draft_from_proto(name: str, info: model_info_pb2.ModelInfo) -> list[DraftSample]:
+def draft_from_proto(name: str, info: model_info_pb2.ModelInfo | model_info_pb2.HeadStepTimes
+                     ) -> list[DraftSample]:
     return [DraftSample(name, t.batch, t.tokens, t.context_tokens, t.seconds, t.tree)
             for t in info.step_times if t.batch > 0 and t.seconds > 0 and t.tokens >= 0]

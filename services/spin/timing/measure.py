@@ -3,7 +3,8 @@
 Verification: one target forward over ``batch`` requests, each scoring ``tokens`` new tokens after
 a context of ``context`` tokens, as a chain and (where the count allows) as a tree of two
 branches. Drafting: one drafter call drafting k levels for ``batch`` requests after a context
-(catch-up of the last token included, as in serving). Each point is the median of a few
+(catch-up of the last token included, as in serving); a draft head's drafts inside the
+verifier likewise (``profile_head``). Each point is the median of a few
 repetitions after a warm-up. The services measure themselves with these at start
 (``rpc/step_times.py``); ``spin profile`` fits a ``CostModel`` file from them
 (``bench/profile.py``).
@@ -19,8 +20,12 @@ import torch
 from tqdm import tqdm
 
 from ..engine.drafter import DraftRequest, ModelDrafter
+from ..engine.head_runner import DraftTask, FeatureLog, HeadRunner
 from ..engine.model_runner import ForwardItem, ModelRunner
+from ..engine.sampling import SamplingParams
 from .cost_model import DraftSample, VerifySample
+
+GREEDY = SamplingParams()
 
 
 def median_time(fn: Callable[[], object], reps: int) -> float:
@@ -101,4 +106,46 @@ def profile_draft(name: str, drafter: ModelDrafter, batches: Sequence[int], ks: 
             finally:
                 for rid in ids:
                     drafter.release(rid)
+    return samples
+
+
+@torch.inference_mode()
+def profile_head(name: str, head: HeadRunner, width: int, batches: Sequence[int],
+                 ks: Sequence[int], contexts: Sequence[int], reps: int, bar: tqdm
+                 ) -> list[DraftSample]:
+    """A draft head's drafts over the grid, as in serving: after a verdict that committed one
+    more position (its target states from ``width``-wide random ones), the head catches up
+    and drafts k levels; points its cache cannot hold are skipped."""
+    samples = []
+    blocks = head.cache.blocks
+    grows = (reps + 1) * len(ks)  # positions the timed steps add to each request
+    log = FeatureLog(max(contexts) + grows + 1)
+    dev, dtype = head.embed.device, head.embed.dtype
+    for ctx in contexts:
+        for b in batches:
+            if (b * blocks.blocks_for(ctx + max(ks) + grows + 1) > blocks.free_blocks
+                    or b > blocks.free_seqs):
+                bar.update(len(ks))
+                continue
+            ids = [f"profile-{name}-{ctx}-{b}-{i}" for i in range(b)]
+            ctxs = {rid: list(range(3 + i, 4 + i + ctx)) for i, rid in enumerate(ids)}
+            for rid in ids:
+                log.record(rid, 0, torch.randn(ctx, width, device=dev, dtype=dtype))
+            try:
+                for k in ks:
+                    head.draft([DraftTask(rid, ctxs[rid], k, GREEDY) for rid in ids], log)
+
+                    def step() -> None:  # one more committed position, then the draft
+                        for rid in ids:
+                            log.record(rid, len(ctxs[rid]) - 1,
+                                       torch.randn(1, width, device=dev, dtype=dtype))
+                            ctxs[rid].append(7)
+                        head.draft([DraftTask(rid, ctxs[rid], k, GREEDY) for rid in ids], log)
+
+                    samples.append(DraftSample(name, b, k, b * ctx, median_time(step, reps)))
+                    bar.update()
+            finally:
+                for rid in ids:
+                    head.release(rid)
+                    log.release(rid)
     return samples

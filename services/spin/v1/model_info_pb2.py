@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/model_info.proto\x12\x07spin.v1\"\xd2\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x13\n\x0bmax_context\x18\x04 \x01(\x05\x12\x14\n\x0cmax_requests\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x12\n\nnum_blocks\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\x12\x16\n\x0etokenizer_size\x18\t \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\n \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\t\x12\r\n\x05\x64type\x18\x0c \x01(\t\x12\x14\n\x0cweight_bytes\x18\r \x01(\x03\x12\x16\n\x0ekv_cache_bytes\x18\x0e \x01(\x03\x12%\n\nstep_times\x18\x0f \x03(\x0b\x32\x11.spin.v1.StepTime\"`\n\x08StepTime\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x05\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0c\n\x04tree\x18\x05 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/model_info.proto\x12\x07spin.v1\"\x92\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x13\n\x0bmax_context\x18\x04 \x01(\x05\x12\x14\n\x0cmax_requests\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x12\n\nnum_blocks\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\x12\x16\n\x0etokenizer_size\x18\t \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\n \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\t\x12\r\n\x05\x64type\x18\x0c \x01(\t\x12\x14\n\x0cweight_bytes\x18\r \x01(\x03\x12\x16\n\x0ekv_cache_bytes\x18\x0e \x01(\x03\x12%\n\nstep_times\x18\x0f \x03(\x0b\x32\x11.spin.v1.StepTime\x12\r\n\x05heads\x18\x10 \x03(\t\x12/\n\x0fhead_step_times\x18\x11 \x03(\x0b\x32\x16.spin.v1.HeadStepTimes\"D\n\rHeadStepTimes\x12\x0c\n\x04head\x18\x01 \x01(\t\x12%\n\nstep_times\x18\x02 \x03(\x0b\x32\x11.spin.v1.StepTime\"`\n\x08StepTime\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x05\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0c\n\x04tree\x18\x05 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spin.v1.model_info_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO']._serialized_start=38
-  _globals['_MODELINFO']._serialized_end=376
-  _globals['_STEPTIME']._serialized_start=378
-  _globals['_STEPTIME']._serialized_end=474
+  _globals['_MODELINFO']._serialized_end=440
+  _globals['_HEADSTEPTIMES']._serialized_start=442
+  _globals['_HEADSTEPTIMES']._serialized_end=510
+  _globals['_STEPTIME']._serialized_start=512
+  _globals['_STEPTIME']._serialized_end=608
 # @@protoc_insertion_point(module_scope)

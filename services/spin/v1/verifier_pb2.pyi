@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs")
+    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs", "head")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class VerifyTask(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -27,7 +28,18 @@ class VerifyTask(_message.Message):
     traceparent: str
     tracestate: str
     logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    head: HeadAsk
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ..., head: _Optional[_Union[HeadAsk, _Mapping]] = ...) -> None: ...
+
+class HeadAsk(_message.Message):
+    __slots__ = ("name", "k", "stored")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    k: int
+    stored: int
+    def __init__(self, name: _Optional[str] = ..., k: _Optional[int] = ..., stored: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("batch_id", "tasks", "release")
@@ -40,7 +52,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[VerifyTask, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted", "logprobs", "token_probs")
+    __slots__ = ("request_id", "tokens", "num_accepted", "resync", "preempted", "logprobs", "token_probs", "head_draft")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +60,7 @@ class VerifyResult(_message.Message):
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DRAFT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
@@ -55,21 +68,31 @@ class VerifyResult(_message.Message):
     preempted: bool
     logprobs: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.TokenLogprobs]
     token_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_sampling_pb2.TokenLogprobs, _Mapping]]] = ..., token_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    head_draft: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., resync: _Optional[bool] = ..., preempted: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_sampling_pb2.TokenLogprobs, _Mapping]]] = ..., token_probs: _Optional[_Iterable[float]] = ..., head_draft: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("batch_id", "results", "verify_seconds", "free_blocks", "num_blocks")
+    __slots__ = ("batch_id", "results", "verify_seconds", "free_blocks", "num_blocks", "head_seconds")
+    class HeadSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
     verify_seconds: float
     free_blocks: int
     num_blocks: int
-    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., verify_seconds: _Optional[float] = ..., free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    head_seconds: _containers.ScalarMap[str, float]
+    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., verify_seconds: _Optional[float] = ..., free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., head_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetVerifierInfoRequest(_message.Message):
     __slots__ = ()

@@ -20,22 +20,27 @@ from pathlib import Path
 
 import grpc
 
+from ..engine.eagle import EagleHead
+from ..engine.head_runner import HeadAsk
 from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.model_runner import RunnerConfig, describe
-from ..engine.verifier import PendingStep, Verifier, VerifyRequest
+from ..engine.tree import TokenTree
+from ..engine.verifier import HEAD_WINDOW, PendingStep, Verifier, VerifyRequest
 from ..engine.vocab import load_identity
 from ..obs import metrics, tracing
-from ..timing.cost_model import CostModel, VerifySample
+from ..timing.cost_model import CostModel, DraftSample, VerifySample
 from ..rpc.batches import in_order
 from ..rpc.convert import logprobs_to_proto, sampling_from_proto, tree_from_proto
 from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve
-from ..rpc.step_times import StepTimesMode, to_proto, verifier_times
+from ..rpc.step_times import StepTimesMode, head_times, to_proto, verifier_times
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
 from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
 
 log = logging.getLogger(__name__)
+MAX_HEAD_K = 16
+"""Longest chain a task may ask a head to draft."""
 
 
 class VerifierService(verifier_pb2_grpc.VerifierServicer):
@@ -43,10 +48,15 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
 
     def __init__(self, model_path: str | Path, runner: RunnerConfig = RunnerConfig(),
                  name: str | None = None, decompose: bool = True,
-                 cost_model: CostModel | None = None) -> None:
+                 cost_model: CostModel | None = None, heads: dict[str, str] | None = None,
+                 head_window: int = HEAD_WINDOW) -> None:
+        """``heads``: EAGLE-3 draft heads to serve, name -> checkpoint directory."""
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
-        self.verifier = Verifier(runner.load(model_path))
+        target = runner.load(model_path)
+        self.head_paths = dict(heads or {})
+        self.verifier = Verifier(target, {n: EagleHead.load(p, len(target.layers))
+                                          for n, p in self.head_paths.items()}, head_window)
         self.tokenizer = load_identity(model_path)
         self.decompose = decompose
         """Split batches into sub-batches that pad less (``decompose.py``)."""
@@ -55,6 +65,8 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         when there is one (``measure_step_times``), else ``decompose.default_cost_model``."""
         self.step_times: list[VerifySample] = []
         """Forwards this verifier timed on itself, reported in its model info."""
+        self.head_times: dict[str, list[DraftSample]] = {}
+        """Each head's drafts timed on this process, reported in its model info."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
         self._inflight: list[_PendingBatch] = []
         """Batches queued on the device, not yet finished (worker thread only)."""
@@ -63,13 +75,19 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     def info(self) -> model_info_pb2.ModelInfo:
         info = model_info(self.name, self.model_path, self.verifier.runner, self.tokenizer)
         info.step_times.extend(to_proto(self.step_times))
+        info.heads.extend(sorted(self.verifier.heads))
+        for name, samples in sorted(self.head_times.items()):
+            info.head_step_times.add(head=name, step_times=to_proto(samples))
         return info
 
     def measure_step_times(self, mode: StepTimesMode = "auto") -> None:
         """Time the target's forwards on this process (or load them from an earlier start's
         cache): the routers fit their cost model from them, and decomposition prices its
         forwards by them."""
-        self.step_times = verifier_times(self.verifier.runner, self.model_path, mode)
+        runner = self.verifier.runner
+        self.step_times = verifier_times(runner, self.model_path, mode)
+        self.head_times = {n: head_times(h, runner, self.head_paths[n], mode)
+                           for n, h in self.verifier.heads.items()}
         if self.step_times:
             self.cost_model = CostModel.fit(self.step_times)
 
@@ -156,12 +174,29 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                                     f" got {logprobs}")
             work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
                                                          tree, sampling, keep=task.keep,
-                                                         logprobs=logprobs)))
+                                                         logprobs=logprobs,
+                                                         head=self._head_ask(task, tree))))
         split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
         step = self.verifier.start([r for _, r in work], split)
         pending = _PendingBatch(self, batch, ids, start, start_ns, work, results, split, step)
         self._inflight.append(pending)
         return pending
+
+    def _head_ask(self, task: verifier_pb2.VerifyTask, tree: TokenTree) -> HeadAsk | None:
+        """The task's ``HeadAsk`` (``BatchRejected`` for one this verifier cannot serve)."""
+        if not task.HasField("head"):
+            return None
+        h = task.head
+        if h.name not in self.verifier.heads:
+            raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{task.request_id}: no draft head {h.name!r} (this verifier "
+                                f"serves {sorted(self.verifier.heads) or 'none'})")
+        if not 0 <= h.k <= MAX_HEAD_K or h.stored not in (0, len(tree)):
+            raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{task.request_id}: head k must be in [0, {MAX_HEAD_K}] and "
+                                f"stored 0 or the tree's {len(tree)} tokens (got k {h.k}, "
+                                f"stored {h.stored})")
+        return HeadAsk(h.name, h.k, h.stored)
 
     def _finish_batch(self, p: _PendingBatch) -> verifier_pb2.VerifyResponse:
         """The batch's response once its verdicts are in (the cache committed)."""
@@ -182,12 +217,14 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].num_accepted = verdict.num_accepted
             logprobs_to_proto(verdict.logprobs or (), results[i].logprobs)
             results[i].token_probs.extend(verdict.token_probs or ())
+            results[i].head_draft.extend(verdict.head_draft)
         seconds = time.perf_counter() - p.start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
                                       runner.cache.usage, len(self.verifier.seqs))
         resp = verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
                                            verify_seconds=seconds, free_blocks=blocks.free_blocks,
-                                           num_blocks=blocks.num_blocks)
+                                           num_blocks=blocks.num_blocks,
+                                           head_seconds=self.verifier.head_seconds)
         if tracing.enabled():
             self._trace(batch, resp, p.start_ns)
         return resp
@@ -244,10 +281,12 @@ class BatchRejected(Exception):
 
 
 def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
-        decompose: bool = True, step_times: StepTimesMode = "auto") -> None:
-    """Load the target, capture its step graphs (CUDA), time its forwards, then serve until
-    SIGTERM."""
-    service = VerifierService(model, runner, decompose=decompose)
+        decompose: bool = True, step_times: StepTimesMode = "auto",
+        heads: dict[str, str] | None = None, head_window: int = HEAD_WINDOW) -> None:
+    """Load the target (and its draft heads), capture its step graphs (CUDA), time its
+    forwards, then serve until SIGTERM."""
+    service = VerifierService(model, runner, decompose=decompose, heads=heads,
+                              head_window=head_window)
     log.info("verifier %s", describe(service.verifier.runner))
     service.verifier.runner.capture_graphs(progress=True)  # before timing: steps run as served
     service.measure_step_times(step_times)

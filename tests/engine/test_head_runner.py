@@ -1,0 +1,192 @@
+"""Draft heads inside the verifier: the paged drafts equal the head's dense forward over the
+whole history; output with head drafts equals the target alone (greedy, token for token) and
+follows the target's distribution (sampled, chi-square)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from chi_square import chi_square_p
+from real_sizes import make_pair
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from spin.engine.eagle import EagleHead, random_head
+from spin.engine.head_runner import FeatureLog, HeadAsk, HeadDraft
+from spin.engine.model_runner import RunnerConfig
+from spin.engine.sampling import SamplingParams
+from spin.engine.tree import TokenTree
+from spin.engine.verifier import Verifier, VerifyRequest
+
+EMPTY = TokenTree((), ())
+
+
+def _tiny(seed: int = 0) -> AutoModelForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def _reference_draft(model, head: EagleHead, context: list[int], k: int) -> list[int]:
+    """The head's greedy chain after ``context`` by dense forwards over the whole history."""
+    ids = torch.tensor([context[:-1]])
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i] for i in head.config.aux_layers], -1)             # [1, T, 3D]
+        emb = model.model.embed_tokens
+        hidden = head.fuse(feats)
+        tokens = list(context[1:])
+        out = []
+        for _ in range(k):
+            o = head.dense(hidden, emb(torch.tensor([tokens])))                    # [1, n, D]
+            tok = int(head.target_ids[head.logits(o[0, -1]).argmax()])
+            out.append(tok)
+            hidden = torch.cat([hidden, o[:, -1:]], 1)
+            tokens.append(tok)
+    return out
+
+
+def _verifier(model, head: EagleHead | None, window: int = 256) -> Verifier:
+    runner = RunnerConfig(max_seqs=32, kv_cache_memory=64 << 20).load(model)
+    return Verifier(runner, {"h": head} if head is not None else None, head_window=window)
+
+
+def test_paged_drafts_equal_the_dense_forward_across_accepted_steps() -> None:
+    model = _tiny()
+    head = random_head(model.config, draft_vocab_size=200, seed=1)
+    with torch.no_grad():  # the target's states, not the token embeddings, decide its drafts
+        head.fc.weight.mul_(30)
+        head.midlayer.input_layernorm.weight.mul_(0.05)
+    v = _verifier(model, head)
+    prompt = list(range(5, 25))
+    alone = _verifier(model, None)
+    (first,) = alone.verify([VerifyRequest("r", prompt, EMPTY)])
+    context = prompt + list(first.tokens)
+    (verdict,) = v.verify([VerifyRequest("r", prompt, EMPTY, head=HeadAsk("h", k=3))])
+    assert list(verdict.tokens) == list(first.tokens)
+    assert list(verdict.head_draft) == _reference_draft(model, head, context, 3)
+    for step in range(4):
+        # the target's own next tokens as the stored draft: all accepted (the accepted nodes'
+        # states must reach the head), then whatever the head drafts (mostly rejected)
+        truth = []
+        for _ in range(3):
+            (n,) = alone.verify([VerifyRequest("r", [], EMPTY, keep=len(context) + len(truth))])
+            truth += list(n.tokens)
+        draft = tuple(truth[:2]) if step % 2 == 0 else tuple(verdict.head_draft)
+        v.heads["h"].drafts["r"] = HeadDraft(len(context), draft, None)
+        (verdict,) = v.verify([VerifyRequest("r", [], TokenTree.chain(list(draft)),
+                                             keep=len(context),
+                                             head=HeadAsk("h", k=3, stored=len(draft)))])
+        if step % 2 == 0:
+            assert verdict.num_accepted == 2
+        context += list(verdict.tokens)
+        assert list(verdict.head_draft) == _reference_draft(model, head, context, 3)
+        alone.release("r")
+        alone.verify([VerifyRequest("r", context[:-1], EMPTY)])
+
+
+def _generate(v: Verifier, prompts: list[list[int]], n: int, head: bool,
+              sampling: SamplingParams = SamplingParams()) -> list[list[int]]:
+    """Each prompt's first ``n`` tokens, every step verifying the head's last draft."""
+    out: list[list[int]] = [[] for _ in prompts]
+    drafts: dict[int, tuple[int, ...]] = {}
+    while any(len(o) < n for o in out):
+        reqs, idx = [], []
+        for i, p in enumerate(prompts):
+            if len(out[i]) >= n:
+                continue
+            d = drafts.get(i, ())
+            keep = len(p) + len(out[i]) if out[i] else 0  # the verifier holds all it was told
+            reqs.append(VerifyRequest(f"r{i}", [] if keep else p, TokenTree.chain(list(d)),
+                                      sampling, keep=keep,
+                                      head=HeadAsk("h", k=1 + i % 4, stored=len(d))
+                                      if head else None))
+            idx.append(i)
+        for i, verdict in zip(idx, v.verify(reqs)):
+            out[i] += list(verdict.tokens)
+            drafts[i] = verdict.head_draft
+    return [o[:n] for o in out]
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen2"])
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_greedy_output_with_a_head_equals_the_target_alone(arch: str, batch: int,
+                                                           tmp_path_factory) -> None:
+    target_dir, _ = make_pair(arch, tmp_path_factory.getbasetemp() / "heads")
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    head = random_head(model.config, draft_vocab_size=4096, seed=batch)
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 4000, (int(torch.randint(3, 40, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(batch)]
+    with_head = _verifier(model, head, window=16)
+    alone = _verifier(model, None)
+    assert _generate(with_head, prompts, 24, True) == _generate(alone, prompts, 24, False)
+    assert with_head.heads["h"].drafts  # it drafted
+
+
+def test_a_draft_that_is_not_the_heads_own_is_verified_as_a_plain_step() -> None:
+    model = _tiny()
+    v = _verifier(model, random_head(model.config, seed=2))
+    prompt = list(range(30, 50))
+    (a,) = v.verify([VerifyRequest("r", prompt, EMPTY, head=HeadAsk("h", k=2))])
+    wrong = [(a.head_draft[0] + 1) % 300, a.head_draft[1]]
+    (b,) = v.verify([VerifyRequest("r", [], TokenTree.chain(wrong), keep=len(prompt),
+                                   head=HeadAsk("h", k=2, stored=2))])
+    assert b.num_accepted == 0 and len(b.tokens) == 1
+
+
+def test_the_feature_log_keeps_a_window_and_forgets_a_changed_context() -> None:
+    log = FeatureLog(window=4)
+    log.record("r", 0, torch.arange(6.0)[:, None])
+    assert log.span("r") == (2, 6)
+    log.record("r", 5, torch.tensor([[50.0], [60.0]]))
+    assert log.span("r") == (3, 7)
+    assert log.states("r", 4, 7)[:, 0].tolist() == [4.0, 50.0, 60.0]
+    log.truncate("r", 5)
+    assert log.span("r") == (3, 5)
+    log.truncate("r", 2)
+    assert log.span("r") == (0, 0)
+
+
+def test_a_head_for_another_target_is_refused(tmp_path: Path) -> None:
+    model = _tiny()
+    other = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=4, num_attention_heads=4)
+    with pytest.raises(ValueError, match="width 32"):
+        _verifier(model, random_head(other))
+
+
+def test_sampled_output_with_head_drafts_follows_the_target() -> None:
+    """The first two tokens after a prompt, the second verified against the head's sampled
+    draft (a draft vocabulary of 6 of the 8 tokens), follow the target's joint distribution."""
+    torch.manual_seed(5)
+    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, max_position_embeddings=64)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    head = random_head(cfg, draft_vocab_size=6, seed=4)
+    v = Verifier(RunnerConfig(max_seqs=64, kv_cache_memory=16 << 20).load(model), {"h": head})
+    sp, prompt = SamplingParams(temperature=1.0), [1, 2, 3]
+    counts = torch.zeros(8, 8)
+    drafted = accepted = 0
+    for batch in range(48):
+        ids = [f"b{batch}-{i}" for i in range(64)]
+        first = v.verify([VerifyRequest(rid, prompt, EMPTY, sp, head=HeadAsk("h", k=2))
+                          for rid in ids])
+        second = v.verify([VerifyRequest(rid, [], TokenTree.chain(list(f.head_draft)), sp,
+                                         keep=4, head=HeadAsk("h", stored=len(f.head_draft)))
+                           for rid, f in zip(ids, first)])
+        for f, s in zip(first, second):
+            counts[f.tokens[0], s.tokens[0]] += 1
+            drafted += len(f.head_draft)
+            accepted += s.num_accepted
+        for rid in ids:
+            v.release(rid)
+    with torch.no_grad():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1], -1)             # [V]
+        p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(8)])).logits[:, -1],
+                           -1)                                                          # [V, V]
+    assert 0 < accepted < drafted  # drafts both accepted and rejected
+    assert counts[:, ~head.t2d].sum() > 0  # tokens the head never drafts are emitted too
+    assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 0.01

@@ -230,6 +230,10 @@ def test_monitoring_value_set_renders_the_operator_objects() -> None:
     (("--set", "mps.enabled=true"), "mps.enabled", "gpu.enabled"),
     (("--set-json", 'drafters=[{"name": "a", "model": "a"}, {"name": "a", "model": "b"}]'),
      "drafters", 'name "a" is used twice'),
+    (("--set-json", 'verifier.heads=[{"name": "draft-code", "model": "h"}]'), "verifier.heads",
+     'name "draft-code" is used twice'),
+    (("--set-json", 'verifier.heads=[{"name": "Eagle Head", "model": "h"}]'),
+     "verifier.heads.0.name", "Does not match pattern"),
     (("--set", "router.promptLookup=false"), "router.defaultDrafter",
      "router.promptLookup is false"),
     (("--set", "router.defaultDrafter=draft-nope"), "router.defaultDrafter", "draft-nope"),
@@ -354,6 +358,16 @@ def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
     assert model_flags(main_container(docs, "spin-drafter-long")["args"]) == {
         "--device": "auto", "--dtype": "float16", "--max-seqs": "16",
         "--gpu-memory-utilization": "0.5", "--kv-cache-memory": "1.5G", "--max-model-len": "4096"}
+
+
+def test_verifier_heads_become_head_flags() -> None:
+    assert "--head" not in main_container(render_set("default"), "spin-verifier")["args"]
+    heads = [{"name": "eagle", "model": "eagle"}, {"name": "abs", "model": "/opt/h"}]
+    args = main_container(render("--set-json", "verifier.heads=" + json.dumps(heads)),
+                          "spin-verifier")["args"]
+    got = [args[i + 1] for i, a in enumerate(args) if a == "--head"]
+    root = flag(args, "--model").rsplit("/", 1)[0]
+    assert got == [f"eagle={root}/eagle", "abs=/opt/h"]
 
 
 def test_cuda_graphs_compile_and_attention_flags_have_defaults_and_follow_overrides() -> None:

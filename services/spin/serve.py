@@ -196,10 +196,14 @@ def family_heads(family_dir: Path) -> dict[str, str]:
     return out
 
 
+def served_heads(cfg: ServeConfig) -> dict[str, str]:
+    """The draft heads ``cfg`` serves, name -> checkpoint directory."""
+    return dict(cfg.heads) if cfg.heads is not None else family_heads(cfg.family_dir)
+
+
 def head_argv(cfg: ServeConfig) -> list[str]:
     """The verifier's ``--head`` flags."""
-    heads = cfg.heads if cfg.heads is not None else family_heads(cfg.family_dir)
-    return [a for name, path in heads.items() for a in ("--head", f"{name}={path}")]
+    return [a for name, path in served_heads(cfg).items() for a in ("--head", f"{name}={path}")]
 
 
 def spin_argv(*args: str) -> list[str]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from loadgen.workload import Request
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
-from ..serve import Embedded
+from ..serve import Embedded, served_heads
 from .policy_config import PolicyBenchConfig, Sampling, run_requests
 from .services import _router_times
 
@@ -114,9 +114,10 @@ def goodput(emb: Embedded, workload: list[Request], drafters: list[str],
 
 
 def model_and_lookup_drafters(emb: Embedded) -> list[str]:
-    """The deployment's drafters: each drafter service's, then prompt lookup."""
+    """The deployment's drafters: each drafter service's, the verifier's draft heads, then
+    prompt lookup."""
     return [c.role.removeprefix("drafter-") for c in emb.children
-            if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
+            if c.role.startswith("drafter-")] + list(served_heads(emb.cfg)) + [PROMPT_LOOKUP]
 
 
 def medians(runs: list[list[float]]) -> list[float]:

@@ -140,13 +140,16 @@ def test_a_draft_that_is_not_the_heads_own_is_verified_as_a_plain_step() -> None
 def test_the_feature_log_keeps_a_window_and_forgets_a_changed_context() -> None:
     log = FeatureLog(window=4)
     log.record("r", 0, torch.arange(6.0)[:, None])
-    assert log.span("r") == (2, 6)
-    log.record("r", 5, torch.tensor([[50.0], [60.0]]))
-    assert log.span("r") == (3, 7)
+    assert log.span("r") == (2, 6)  # a prefill longer than the window: its last 4
+    log.record("r", 5, torch.tensor([[50.0], [60.0]]))  # replaces position 5 on
+    assert log.span("r") == (2, 7)
     assert log.states("r", 4, 7)[:, 0].tolist() == [4.0, 50.0, 60.0]
-    log.truncate("r", 5)
-    assert log.span("r") == (3, 5)
-    log.truncate("r", 2)
+    for pos in range(7, 11):  # one position a step: whole older chunks go past the window
+        log.record("r", pos, torch.tensor([[float(pos)]]))
+    assert log.span("r") == (7, 11) and log.states("r", 7, 11)[:, 0].tolist() == [7, 8, 9, 10]
+    log.truncate("r", 9)
+    assert log.span("r") == (7, 9)
+    log.truncate("r", 7)
     assert log.span("r") == (0, 0)
 
 

@@ -55,41 +55,64 @@ class HeadDraft:
 
 
 class FeatureLog:
-    """Per request, the target's fused-layer states of its last ``window`` committed positions."""
+    """Per request, the target's fused-layer states of its last ``window`` committed positions
+    or a few more (kept as the steps' chunks, dropped whole: a step adds its rows without
+    copying the others; at most twice ``window``)."""
 
     def __init__(self, window: int) -> None:
         self.window = window
         """Positions kept per request (memory: ``window`` x 3 x the target's width)."""
-        self._logs: dict[str, tuple[int, torch.Tensor]] = {}
+        self._logs: dict[str, tuple[int, list[torch.Tensor]]] = {}
+        """Request id -> (position of the first row, chunks [n_i, F] in order)."""
 
     def record(self, request_id: str, start: int, states: torch.Tensor) -> None:
         """States [n, F] of positions ``start`` .. ``start + n - 1`` (a later record at an
         earlier position replaces what follows it)."""
-        old = self._logs.get(request_id)
-        if old is not None and old[0] <= start <= old[0] + old[1].shape[0]:
-            states = torch.cat([old[1][:start - old[0]], states])
-            start = old[0]
-        cut = max(states.shape[0] - self.window, 0)
-        self._logs[request_id] = (start + cut, states[cut:])
+        first, chunks = self._logs.get(request_id, (start, []))
+        if len(states) > self.window:  # a prefill: its last window positions alone
+            start, states = start + len(states) - self.window, states[-self.window:]
+            chunks = []
+        if not chunks or not first <= start <= first + sum(len(c) for c in chunks):
+            first, chunks = start, []
+        self._cut(chunks, start - first)
+        chunks.append(states)
+        while len(chunks) > 1 and sum(len(c) for c in chunks[1:]) >= self.window:
+            first += len(chunks.pop(0))
+        self._logs[request_id] = (first, chunks)
+
+    @staticmethod
+    def _cut(chunks: list[torch.Tensor], rows: int) -> None:
+        """Keep the first ``rows`` rows of ``chunks`` (in place)."""
+        while chunks and sum(len(c) for c in chunks[:-1]) >= rows:
+            chunks.pop()
+        if chunks:
+            chunks[-1] = chunks[-1][:rows - sum(len(c) for c in chunks[:-1])]
 
     def truncate(self, request_id: str, length: int) -> None:
         """Forget positions at or past ``length`` (the context changed there)."""
         old = self._logs.get(request_id)
-        if old is not None:
-            if length <= old[0]:
-                del self._logs[request_id]
-            else:
-                self._logs[request_id] = (old[0], old[1][:length - old[0]])
+        if old is None:
+            return
+        if length <= old[0]:
+            del self._logs[request_id]
+        else:
+            self._cut(old[1], length - old[0])
 
     def span(self, request_id: str) -> tuple[int, int]:
         """[first, end) of the positions held (0, 0 when none)."""
         old = self._logs.get(request_id)
-        return (old[0], old[0] + old[1].shape[0]) if old is not None else (0, 0)
+        return (old[0], old[0] + sum(len(c) for c in old[1])) if old is not None else (0, 0)
 
     def states(self, request_id: str, start: int, end: int) -> torch.Tensor:
         """States of positions [start, end), held (``span``) -> [end - start, F]."""
-        first, t = self._logs[request_id]
-        return t[start - first:end - first]
+        first, chunks = self._logs[request_id]
+        out, pos = [], first
+        for c in chunks:
+            lo, hi = max(start, pos), min(end, pos + len(c))
+            if lo < hi:
+                out.append(c[lo - pos:hi - pos])
+            pos += len(c)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def release(self, request_id: str) -> None:
         self._logs.pop(request_id, None)

@@ -492,3 +492,32 @@ def test_arriving_prompts_are_scored_only_where_speculation_can_pay_for_it() -> 
     plan = policy.choose([RequestView("alone", 300, 0, 64, True)], DRAFTERS)
     assert plan[0].score == ("draft-code", "draft-prose")
     assert plan.prediction is not None and plan.prediction.scoring_work == (2, 600)
+
+
+def test_a_draft_head_is_every_requests_candidate_and_never_scores() -> None:
+    """A head scores no prompt: it stays a candidate beside the fitted model, is tried, and is
+    never asked to score; given acceptance it is chosen with k > 0."""
+    cost = _cost()
+    cost.draft["eagle"] = (0.0, 0.0005, 0.0, 0.0, 0.0)
+    pop = {"draft-code": _stats(100, 200), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 60)}
+    policy = LearnedPolicy(cost=cost, population=lambda: pop)
+    heads = frozenset({"eagle"})
+    available = DRAFTERS | heads
+    try:
+        (c,) = policy.choose([_generated("p", 0)], available, heads)
+        assert "eagle" not in c.score and set(c.score) == {"draft-code", "draft-prose"}
+        observe_score(policy, "p", "draft-prose", 60, 128)
+        observe_score(policy, "p", "draft-code", 20, 128)
+        observe(policy, "p", c, 0, 0.0, 0.080)
+        chosen = set()
+        for g in range(1, 40):
+            (c,) = policy.choose([_generated("p", g)], available, heads)
+            assert "eagle" not in c.score
+            chosen.add(c.drafter)
+            eagle = c.drafter == "eagle"
+            observe(policy, "p", c, c.k if eagle else 0, 0.002 if eagle else 0.004, 0.011)
+        assert "eagle" in chosen and chosen <= {"eagle", "draft-prose", PROMPT_LOOKUP, None}
+        assert policy.selector.snapshot("p")["eagle"][1] > 0  # its steps were its own measure
+    finally:
+        policy.close()

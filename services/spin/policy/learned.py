@@ -152,7 +152,8 @@ class LearnedPolicy:
         out = []
         for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
             score = (() if self.guard.probing else  # a probe measures speculation alone
-                     self.scoring.scorers(r, s, d, cands.get(r.request_id, set()), available))
+                     self.scoring.scorers(r, s, d, cands.get(r.request_id, set()) - heads,
+                                          available - heads))
             score = self.scoring.priced(r, s, d, score, saving, self.scoring_cost)
             s.ctx = r.context_len
             if r.generated == 0:

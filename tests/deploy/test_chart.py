@@ -361,7 +361,10 @@ def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
 
 
 def test_verifier_heads_become_head_flags() -> None:
-    assert "--head" not in main_container(render_set("default"), "spin-verifier")["args"]
+    default = main_container(render_set("default"), "spin-verifier")["args"]
+    assert flag(default, "--head") == f"eagle={flag(default, '--model').rsplit('/', 1)[0]}/eagle"
+    assert "--head" not in main_container(render("--set-json", "verifier.heads=[]"),
+                                          "spin-verifier")["args"]
     heads = [{"name": "eagle", "model": "eagle"}, {"name": "abs", "model": "/opt/h"}]
     args = main_container(render("--set-json", "verifier.heads=" + json.dumps(heads)),
                           "spin-verifier")["args"]

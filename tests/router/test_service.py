@@ -30,7 +30,7 @@ def test_speculation_is_lossless_and_reports_stats(serving) -> None:
                                                          ignore_eos=True))
     assert len(off) == 40 and last_off.speculation.steps == 40
     for drafter, k in (("draft-code", 4), ("draft-prose", 2), ("prompt-lookup", 6),
-                       ("draft-structured", 8)):
+                       ("draft-structured", 8), ("eagle", 4)):  # eagle: the family's head
         ids, text, last = collect(serving.endpoint, request(PROMPT, max_tokens=40, mode="drafter",
                                                             drafter=drafter, k=k, ignore_eos=True))
         assert ids == off, drafter
@@ -193,20 +193,22 @@ def test_health_and_reflection(serving) -> None:
         assert "spin.v1.Generation" in services and "grpc.health.v1.Health" in services
 
 
-def test_metrics_and_redis_statistics(serving) -> None:
+@pytest.mark.parametrize("drafter", ["draft-code", "eagle"])  # a drafter service, a head
+def test_metrics_and_redis_statistics(serving, drafter: str) -> None:
     before = scrape(serving.router.metrics_port)
     _, _, last = collect(serving.endpoint, request(PROMPT, max_tokens=32, mode="drafter",
-                                                   drafter="draft-code", k=4, ignore_eos=True))
+                                                   drafter=drafter, k=4, ignore_eos=True))
     after = scrape(serving.router.metrics_port)
-    key = 'spin:spec_decode_num_drafts_total{draft_model="draft-code"}'
+    key = f'spin:spec_decode_num_drafts_total{{draft_model="{drafter}"}}'
     steps = last.speculation.drafters[0].steps
+    assert last.speculation.drafters[0].drafter == drafter and steps > 0
     assert after[key] - before.get(key, 0) == steps
-    acc = 'spin:spec_decode_num_accepted_tokens_total{draft_model="draft-code"}'
+    acc = f'spin:spec_decode_num_accepted_tokens_total{{draft_model="{drafter}"}}'
     assert after[acc] - before.get(acc, 0) == last.speculation.accepted_tokens
     store = RedisStatsStore(serving.redis.url)
     try:
-        assert _wait_until(lambda: store.population().get("draft-code") is not None
-                           and store.population()["draft-code"].drafts >= steps)
+        assert _wait_until(lambda: store.population().get(drafter) is not None
+                           and store.population()[drafter].drafts >= steps)
     finally:
         store.close()
 

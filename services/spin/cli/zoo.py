@@ -20,10 +20,13 @@ def add_zoo(sub: argparse._SubParsersAction) -> None:
 def _add_train(zsub: argparse._SubParsersAction) -> None:
     train = zsub.add_parser("train", help="rebuild corpus, tokenizer and every model from scratch")
     train.add_argument("--stages", help="comma-separated subset of: corpus,tokenizer,target,"
-                       "distill,drafts,prompts (default: all)")
+                       "distill,drafts,prompts,head (default: all)")
     train.add_argument("--force", action="store_true", help="redo stages whose output exists")
     train.add_argument("--scale", type=positive(float), default=1.0,
                        help="multiply every token budget (0.01 for a smoke run)")
+    train.add_argument("--head-budget-s", type=positive(float),
+                       help="wall-clock seconds of the head's training loop (default: 900, "
+                       "times --scale)")
     train.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     train.add_argument("--build-dir", type=Path, default=BUILD_DIR)
     train.set_defaults(func=_zoo_train)
@@ -49,7 +52,10 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _zoo_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from ..zoo.build import STAGES, build_family
+    from ..zoo.head import HeadSpec
     from ..zoo.specs import DEMO_FAMILY, scaled
 
     stages = tuple(args.stages.split(",")) if args.stages else STAGES
@@ -57,7 +63,11 @@ def _zoo_train(args: argparse.Namespace) -> int:
     if unknown:
         return fail("zoo train", f"unknown stages {unknown}; expected some of {list(STAGES)}")
     family = scaled(DEMO_FAMILY, args.scale) if args.scale != 1.0 else DEMO_FAMILY
-    build_family(family, args.family_dir, args.build_dir, stages=stages, force=args.force)
+    head = HeadSpec()
+    head = replace(head, prompts={d: max(8, int(n * args.scale)) for d, n in head.prompts.items()},
+                   budget_s=args.head_budget_s or head.budget_s * args.scale)
+    build_family(family, args.family_dir, args.build_dir, stages=stages, force=args.force,
+                 head=head)
     return 0
 
 

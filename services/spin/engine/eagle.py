@@ -27,6 +27,7 @@ serving forward in ``head_runner.py`` is tested against).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,7 @@ class EagleHead(nn.Module):
         if self.embed_tokens is not None:
             state["embed_tokens.weight"] = self.embed_tokens.weight.detach().contiguous()
         save_file(state, str(path / "model.safetensors"))
+        os.chmod(path / "model.safetensors", 0o644)  # safetensors writes it owner-only
 
     @property
     def target_ids(self) -> torch.Tensor:
@@ -241,6 +243,20 @@ class EagleHead(nn.Module):
         """embeds [..., D] (the next tokens'), hidden [..., D] -> q/k/v input [..., 2 * D]."""
         m = self.midlayer
         return torch.cat([m.input_layernorm(embeds), m.hidden_norm(hidden)], dim=-1)
+
+    def attention_inputs(self, embeds: torch.Tensor, hidden: torch.Tensor,
+                         positions: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """embeds, hidden [B, L, D], positions [B, L] -> q [B, L, H, hd] and k, v
+        [B, L, KVH, hd], the rotary embedding applied to q and k."""
+        c, a = self.config, self.midlayer.self_attn
+        b, n = positions.shape
+        x = self.qkv_input(embeds, hidden)                                          # [B, L, 2D]
+        cos, sin = self.rotary(x, positions)                                        # [B, L, hd]
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        return (rope(a.q_proj(x).view(b, n, c.num_heads, c.head_dim), cos, sin),
+                rope(a.k_proj(x).view(b, n, c.num_kv_heads, c.head_dim), cos, sin),
+                a.v_proj(x).view(b, n, c.num_kv_heads, c.head_dim))
 
     def after_attention(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention output attn [..., H * hd] and the MLP ->
@@ -263,13 +279,7 @@ class EagleHead(nn.Module):
         b, t, _ = hidden.shape
         if positions is None:
             positions = torch.arange(t, device=hidden.device).expand(b, t)
-        x = self.qkv_input(embeds, hidden)
-        a = self.midlayer.self_attn
-        q = a.q_proj(x).view(b, t, c.num_heads, c.head_dim)
-        k = a.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
-        v = a.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
-        cos, sin = self.rotary(x, positions)
-        q, k = rope(q, cos[:, :, None], sin[:, :, None]), rope(k, cos[:, :, None], sin[:, :, None])
+        q, k, v = self.attention_inputs(embeds, hidden, positions)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True,
                                              enable_gqa=c.num_kv_heads != c.num_heads)
@@ -288,6 +298,8 @@ def _rope_of(config: object) -> dict:
     out = {k: getattr(config, k) for k in ("rope_parameters", "rope_theta", "rope_scaling",
                                            "max_position_embeddings")
            if getattr(config, k, None) is not None}
+    if out.get("rope_scaling") == out.get("rope_parameters"):  # transformers' alias of it
+        out.pop("rope_scaling", None)
     return out
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import Iota, ragged_layout, sdpa
-from .eagle import EagleHead, rope
+from .eagle import EagleHead
 from .kv_cache import CacheFull, KVCache
 from .sampling import SamplingParams, probs_from_logits
 
@@ -205,7 +205,10 @@ class HeadRunner:
             st = self._states.get(t.request_id)
             have = st.offset + self.cache.lengths[st.seq] if st is not None else -1
             if st is None or have < first:
-                st, have = self._start(t.request_id, first), first
+                try:
+                    st, have = self._start(t.request_id, first), first
+                except CacheFull:  # every head sequence in use: no draft for it this step
+                    continue
             start = min(have, committed - 1)  # at least the last position: it drafts
             self.cache.rollback(st.seq, start - st.offset)
             items.append((t, st, start))
@@ -295,17 +298,10 @@ class HeadRunner:
         paged = cache.locate(seqs, sizes, max(sizes))
         lay = ragged_layout(tokens, [None] * len(seqs), [cache.lengths[s] for s in seqs],
                             paged.lk, self.iota)
-        h, c = self.head, self.head.config
         b, lq = lay["tokens"].shape
-        x = h.qkv_input(F.embedding(lay["tokens"], self.embed), hidden)          # [B, Lq, 2D]
-        a = h.midlayer.self_attn
-        q = a.q_proj(x).view(b, lq, c.num_heads, c.head_dim)
-        k = a.k_proj(x).view(b, lq, c.num_kv_heads, c.head_dim)
-        v = a.v_proj(x).view(b, lq, c.num_kv_heads, c.head_dim)
-        cos, sin = h.rotary(x, lay["positions"])                                    # [B, Lq, hd]
-        cos, sin = cos[:, :, None], sin[:, :, None]
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        q, k, v = self.head.attention_inputs(F.embedding(lay["tokens"], self.embed), hidden,
+                                             lay["positions"])                # [B, Lq, *, hd]
         cache.write(0, paged, k, v)
         keys, values = cache.read(0, paged)                                         # [B, KVH, Lk, hd]
         attn = sdpa(q.transpose(1, 2), keys, values, lay["mask"])                  # [B, H, Lq, hd]
-        return h.after_attention(hidden, attn.transpose(1, 2).reshape(b, lq, -1))
+        return self.head.after_attention(hidden, attn.transpose(1, 2).reshape(b, lq, -1))

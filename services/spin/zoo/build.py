@@ -8,14 +8,18 @@ an interrupted build resumes where it stopped:
 3. ``target``    the target model;
 4. ``distill``   the target's greedy continuations of training prompts;
 5. ``drafts``    every draft model (human text + distillation data, per its recipe);
-6. ``prompts``   the held-out prompt set committed with the family (``heldout_prompts.jsonl``).
+6. ``prompts``   the held-out prompt set committed with the family (``heldout_prompts.jsonl``);
+7. ``head``      an EAGLE-3 draft head for the target (``head.py``), measured against the best
+   general draft on the tuning prompts (last: it needs the drafts and the prompts).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -23,11 +27,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .corpus import build_corpus, sample_excerpts
 from .distill import build_distill_data
+from .head import HeadSpec
 from .specs import DOMAINS, HELDOUT_PROMPTS, FamilySpec
 from .tokenizer import encode_corpus, train_tokenizer
 from .train import train_model
 
-STAGES = ("corpus", "tokenizer", "target", "distill", "drafts", "prompts")
+STAGES = ("corpus", "tokenizer", "target", "distill", "drafts", "prompts", "head")
 PROMPTS_PER_DOMAIN = 48
 PROMPT_CHARS = 360
 REFERENCE_CHARS = 480
@@ -35,7 +40,7 @@ REFERENCE_CHARS = 480
 
 def build_family(family: FamilySpec, family_dir: Path, build_dir: Path,
                  stages: tuple[str, ...] = STAGES, force: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, head: HeadSpec | None = None) -> None:
     """Run the requested stages; outputs go to ``family_dir`` (models) and ``build_dir`` (data)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -77,6 +82,11 @@ def build_family(family: FamilySpec, family_dir: Path, build_dir: Path,
                 for ex in sample_excerpts(corpus_dir / f"{domain}.heldout.jsonl", PROMPTS_PER_DOMAIN,
                                           PROMPT_CHARS, REFERENCE_CHARS, family.seed):
                     f.write(json.dumps({"domain": domain, **ex}) + "\n")
+    if todo("head", family_dir / "eagle" / "training.json"):
+        if not (corpus_dir / "manifest.json").exists():
+            log(f"[zoo] head: no corpus in {corpus_dir}, building it ...")
+            build_corpus(family, corpus_dir)
+        _head(family_dir, corpus_dir, build_dir / "head", head or HeadSpec(), log)
 
 
 def _train(name: str, family: FamilySpec, tokenizer, data_dir: Path, distill_dir: Path | None,
@@ -91,3 +101,67 @@ def _train(name: str, family: FamilySpec, tokenizer, data_dir: Path, distill_dir
     scratch.rename(final)
     log(f"[zoo] {name}: {record['tokens']:,} tokens in {record['wall_s']} s, "
         f"held-out loss {record['final_heldout_loss']}")
+
+
+def _head(family_dir: Path, corpus_dir: Path, data_dir: Path, spec: HeadSpec,
+          log: Callable[[str], None]) -> None:
+    """Train the target's EAGLE-3 head into ``family_dir / "eagle"`` (via a scratch directory),
+    measure it and the general draft on the tuning prompts, and record it all."""
+    from ..engine.eagle import EagleHead, default_aux_layers
+    from .head import (default_device, draft_vocab, head_drafter, model_drafter, new_head,
+                       save_head, train_head, tuning_acceptance)
+    from .report import load_model
+
+    target = load_model(family_dir / "target").to(default_device())
+    tokenizer = AutoTokenizer.from_pretrained(family_dir / "target")
+    layers = target.config.num_hidden_layers
+    data, data_s = head_data(target, tokenizer, corpus_dir, data_dir, spec,
+                             default_aux_layers(layers))
+    ids = draft_vocab(data["tokens"][:, spec.prompt_tokens:], target.config.vocab_size,
+                      spec.draft_vocab)
+    head = new_head(target.cpu(), ids, spec.seed)
+    embed, lm_head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    record = train_head(head, data, embed, lm_head, spec)
+    scratch, final = family_dir / ".eagle.partial", family_dir / "eagle"
+    shutil.rmtree(scratch, ignore_errors=True)
+    save_head(head, scratch)
+    loaded = EagleHead.load(scratch, layers)
+    general = load_model(family_dir / "draft-general")
+    drafters = {"eagle": head_drafter(loaded, embed, 4), "draft-general": model_drafter(general, 4)}
+    target.cpu()
+    record["acceptance"] = tuning_acceptance(target, tokenizer, family_dir, drafters,
+                                             loaded.config.aux_layers)
+    last = data["last"][-spec.val_seqs:, spec.prompt_tokens:].float()            # [n, T, Dt]
+    argmax = (last @ lm_head.detach().T).argmax(-1)
+    record = {"spec": asdict(spec), "data_s": data_s, "draft_vocab_size": len(ids),
+              "draft_vocab_coverage": round(loaded.t2d[argmax].float().mean().item(), 4),
+              "weights_dtype": "bfloat16", "torch": torch.__version__,
+              "threads": torch.get_num_threads(),
+              "command": f"spin zoo train --stages head --force --head-budget-s {spec.budget_s:g}",
+              **record}
+    (scratch / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    scratch.rename(final)
+    log(f"[zoo] eagle: {record['steps']} steps in {record['train_s']} s; accepted per step "
+        f"(k=4) {json.dumps({m: record['acceptance'][m] for m in ('greedy', 'sampled')})}")
+
+
+def head_data(target, tokenizer, corpus_dir: Path, data_dir: Path, spec: HeadSpec,
+              aux: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], float]:
+    """The head's training data (``head.build_data``), cached in ``data_dir`` for its recipe;
+    returns it and the seconds its build took."""
+    from .head import build_data, training_prompts
+
+    recipe = {k: v for k, v in asdict(spec).items() if k in (
+        "prompts", "prompt_tokens", "new_tokens", "sampled_share", "temperature", "seed")}
+    cache = data_dir / "data.pt"
+    if cache.exists():
+        saved = torch.load(cache)
+        if saved["recipe"] == {**recipe, "aux": list(aux)}:
+            return saved["data"], saved["seconds"]
+    started = time.perf_counter()
+    data = build_data(target, training_prompts(corpus_dir, tokenizer, spec), spec, aux)
+    seconds = round(time.perf_counter() - started, 1)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    torch.save({"recipe": {**recipe, "aux": list(aux)}, "data": data, "seconds": seconds}, cache)
+    return data, seconds

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -147,20 +147,11 @@ def drafter_times(drafter: ModelDrafter, model_path: str, mode: StepTimesMode = 
                   cache: Path | None = None, grid: Grid = Grid(), quantized: bool = False,
                   ) -> list[DraftSample]:
     """The drafter's calls over the grid (measured or cached; [] with mode off)."""
-    if mode == "off":
-        return []
-
-    def measure() -> list[dict]:
-        points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
-        with tqdm(total=points, desc=f"measuring {drafter.name}'s draft steps", unit="point",
-                  file=sys.stderr, mininterval=2.0) as bar:
-            samples = profile_draft(drafter.name, drafter, grid.batches, grid.ks, grid.contexts,
-                                    grid.reps, bar)
-        return [asdict(s) for s in samples]
-
-    rows = _cached(_key("drafter", drafter.runner, model_path, grid, quantized), measure, mode,
-                   cache)
-    return [DraftSample(**{**r, "drafter": drafter.name}) for r in rows]
+    return _draft_times(
+        drafter.name, "drafter", drafter.runner, model_path, mode, cache, grid, quantized,
+        f"{drafter.name}'s draft steps",
+        lambda bar: profile_draft(drafter.name, drafter, grid.batches, grid.ks, grid.contexts,
+                                  grid.reps, bar))
 
 
 def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
@@ -168,20 +159,30 @@ def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
                ) -> list[DraftSample]:
     """A draft head's drafts inside the verifier of ``target`` over the grid (measured or
     cached; [] with mode off)."""
+    c = head.head.config
+    return _draft_times(
+        head.name, "head", target, model_path, mode, cache, grid, False,
+        f"head {head.name}'s drafts",
+        lambda bar: profile_head(head.name, head, len(c.aux_layers) * c.target_hidden_size,
+                                 grid.batches, grid.ks, grid.contexts, grid.reps, bar))
+
+
+def _draft_times(name: str, role: str, runner: ModelRunner, model_path: str,
+                 mode: StepTimesMode, cache: Path | None, grid: Grid, quantized: bool,
+                 what: str, profile: Callable[[tqdm], list[DraftSample]]) -> list[DraftSample]:
+    """Draft calls of drafter or head ``name`` (``profile`` times them, ``what`` names them on
+    the progress bar), measured or cached."""
     if mode == "off":
         return []
 
     def measure() -> list[dict]:
         points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
-        with tqdm(total=points, desc=f"measuring head {head.name}'s drafts", unit="point",
-                  file=sys.stderr, mininterval=2.0) as bar:
-            c = head.head.config
-            samples = profile_head(head.name, head, len(c.aux_layers) * c.target_hidden_size,
-                                   grid.batches, grid.ks, grid.contexts, grid.reps, bar)
-        return [asdict(s) for s in samples]
+        with tqdm(total=points, desc=f"measuring {what}", unit="point", file=sys.stderr,
+                  mininterval=2.0) as bar:
+            return [asdict(s) for s in profile(bar)]
 
-    rows = _cached(_key("head", target, model_path, grid, False), measure, mode, cache)
-    return [DraftSample(**{**r, "drafter": head.name}) for r in rows]
+    rows = _cached(_key(role, runner, model_path, grid, quantized), measure, mode, cache)
+    return [DraftSample(**{**r, "drafter": name}) for r in rows]
 
 
 def to_proto(samples: list[VerifySample] | list[DraftSample]) -> list[model_info_pb2.StepTime]:

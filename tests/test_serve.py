@@ -122,3 +122,14 @@ def test_split_cores_pin_each_service_and_pipeline_losslessly(tmp_path: Path) ->
         off = [collect(emb.endpoint, request(p, max_tokens=32, mode="off", ignore_eos=True))[0]
                for p in prompts]
         assert spec == off
+
+
+def test_the_family_head_is_served_unless_the_target_is_ones_own(tmp_path) -> None:
+    from spin.serve import ServeConfig, head_argv, served_heads
+
+    family = ServeConfig()
+    assert "eagle" in served_heads(family) and head_argv(family)[0] == "--head"
+    assert served_heads(ServeConfig(target=str(tmp_path))) == {}  # heads fit their own target
+    assert served_heads(ServeConfig(heads={})) == {} and head_argv(ServeConfig(heads={})) == []
+    mine = ServeConfig(target=str(tmp_path), heads={"h": "/opt/h"})
+    assert head_argv(mine) == ["--head", "h=/opt/h"]

@@ -65,7 +65,8 @@ class ServeConfig:
     (``spin verifier``'s model flags); the drafters get the same device, dtype and lengths."""
     heads: dict[str, str] | None = None
     """EAGLE-3 draft heads the verifier serves (drafting inside it), name -> checkpoint
-    directory; None: the family's (``family_heads``)."""
+    directory; None: the family's (``family_heads``), or none with a ``target`` of one's own
+    (a head belongs to the target it was trained for)."""
     drafter_kv_cache_memory: int | None = None
     """Each drafter's KV cache budget (bytes; None: the default of its device)."""
     host: str = "127.0.0.1"
@@ -198,7 +199,9 @@ def family_heads(family_dir: Path) -> dict[str, str]:
 
 def served_heads(cfg: ServeConfig) -> dict[str, str]:
     """The draft heads ``cfg`` serves, name -> checkpoint directory."""
-    return dict(cfg.heads) if cfg.heads is not None else family_heads(cfg.family_dir)
+    if cfg.heads is not None:
+        return dict(cfg.heads)
+    return family_heads(cfg.family_dir) if cfg.target is None else {}
 
 
 def head_argv(cfg: ServeConfig) -> list[str]:

@@ -54,6 +54,16 @@ class HeadDraft:
     """[k, V] the distribution each token was drawn from (sampling), or None (greedy)."""
 
 
+@dataclass
+class _Log:
+    first: int
+    """Context position of the first row."""
+    chunks: list[torch.Tensor]
+    """The steps' rows [n_i, F], in order."""
+    rows: int = 0
+    """Rows held (the chunks' total)."""
+
+
 class FeatureLog:
     """Per request, the target's fused-layer states of its last ``window`` committed positions
     or a few more (kept as the steps' chunks, dropped whole: a step adds its rows without
@@ -62,57 +72,60 @@ class FeatureLog:
     def __init__(self, window: int) -> None:
         self.window = window
         """Positions kept per request (memory: ``window`` x 3 x the target's width)."""
-        self._logs: dict[str, tuple[int, list[torch.Tensor]]] = {}
-        """Request id -> (position of the first row, chunks [n_i, F] in order)."""
+        self._logs: dict[str, _Log] = {}
 
     def record(self, request_id: str, start: int, states: torch.Tensor) -> None:
         """States [n, F] of positions ``start`` .. ``start + n - 1`` (a later record at an
         earlier position replaces what follows it)."""
-        first, chunks = self._logs.get(request_id, (start, []))
         if len(states) > self.window:  # a prefill: its last window positions alone
             start, states = start + len(states) - self.window, states[-self.window:]
-            chunks = []
-        if not chunks or not first <= start <= first + sum(len(c) for c in chunks):
-            first, chunks = start, []
-        self._cut(chunks, start - first)
-        chunks.append(states)
-        while len(chunks) > 1 and sum(len(c) for c in chunks[1:]) >= self.window:
-            first += len(chunks.pop(0))
-        self._logs[request_id] = (first, chunks)
+            self._logs.pop(request_id, None)
+        log = self._logs.get(request_id)
+        if log is None or not log.first <= start <= log.first + log.rows:
+            log = self._logs[request_id] = _Log(start, [])
+        self._cut(log, start - log.first)
+        log.chunks.append(states)
+        log.rows += len(states)
+        while len(log.chunks) > 1 and log.rows - len(log.chunks[0]) >= self.window:
+            n = len(log.chunks.pop(0))
+            log.first, log.rows = log.first + n, log.rows - n
 
     @staticmethod
-    def _cut(chunks: list[torch.Tensor], rows: int) -> None:
-        """Keep the first ``rows`` rows of ``chunks`` (in place)."""
-        while chunks and sum(len(c) for c in chunks[:-1]) >= rows:
-            chunks.pop()
-        if chunks:
-            chunks[-1] = chunks[-1][:rows - sum(len(c) for c in chunks[:-1])]
+    def _cut(log: _Log, rows: int) -> None:
+        """Keep the first ``rows`` rows (usually all: then nothing is done)."""
+        while log.chunks and log.rows - len(log.chunks[-1]) >= rows:
+            log.rows -= len(log.chunks.pop())
+        if log.chunks and log.rows > rows:
+            log.chunks[-1] = log.chunks[-1][:len(log.chunks[-1]) - (log.rows - rows)]
+            log.rows = rows
 
     def truncate(self, request_id: str, length: int) -> None:
         """Forget positions at or past ``length`` (the context changed there)."""
-        old = self._logs.get(request_id)
-        if old is None:
+        log = self._logs.get(request_id)
+        if log is None or length >= log.first + log.rows:
             return
-        if length <= old[0]:
+        if length <= log.first:
             del self._logs[request_id]
         else:
-            self._cut(old[1], length - old[0])
+            self._cut(log, length - log.first)
 
     def span(self, request_id: str) -> tuple[int, int]:
         """[first, end) of the positions held (0, 0 when none)."""
-        old = self._logs.get(request_id)
-        return (old[0], old[0] + sum(len(c) for c in old[1])) if old is not None else (0, 0)
+        log = self._logs.get(request_id)
+        return (log.first, log.first + log.rows) if log is not None else (0, 0)
 
     def states(self, request_id: str, start: int, end: int) -> torch.Tensor:
         """States of positions [start, end), held (``span``) -> [end - start, F]."""
-        first, chunks = self._logs[request_id]
-        out, pos = [], first
-        for c in chunks:
+        log = self._logs[request_id]
+        out, pos = [], log.first + log.rows
+        for c in reversed(log.chunks):  # the rows asked are usually the last few
+            pos -= len(c)
             lo, hi = max(start, pos), min(end, pos + len(c))
             if lo < hi:
                 out.append(c[lo - pos:hi - pos])
-            pos += len(c)
-        return out[0] if len(out) == 1 else torch.cat(out)
+            if pos <= start:
+                break
+        return out[0] if len(out) == 1 else torch.cat(out[::-1])
 
     def release(self, request_id: str) -> None:
         self._logs.pop(request_id, None)
@@ -273,12 +286,14 @@ class HeadRunner:
         the processed distribution over the target's vocabulary (kept in ``rows``)."""
         logits = self.head.logits(prenorm)                                          # [B, Vd]
         picks = self.target_ids[logits.argmax(-1)].tolist()
+        if all(t.sampling.greedy for t in tasks):
+            return picks
+        full = logits.new_full((len(tasks), self.head.config.vocab_size), float("-inf"))
+        full[:, self.target_ids] = logits                                           # [B, V]
         for b, t in enumerate(tasks):
             if t.sampling.greedy:
                 continue
-            full = logits.new_full((self.head.config.vocab_size,), float("-inf"))
-            full[self.target_ids] = logits[b]
-            q = probs_from_logits(full, t.sampling)                                 # [V]
+            q = probs_from_logits(full[b], t.sampling)                              # [V]
             picks[b] = int(torch.multinomial(q, 1, generator=t.generator))
             rows[t.request_id].append(q)
         return picks

@@ -215,10 +215,10 @@ class Scheduler:
                 if (proposer := self.proposers.get(name)) is not None:
                     proposer.verified({rid: by_id[rid] for rid in p.asks if rid in by_id})
         prediction = plan.prediction if reply is not None else None  # nothing to calibrate on
-        heads = reply.head_seconds if reply is not None else {}  # inside the verifier's time
+        head_s = reply.head_seconds if reply is not None else {}  # inside the verifier's time
         step = StepOutcome((), prediction, t1 - t0, t2 - t1, 0.0,
-                           {n: heads.get(n, p.seconds) for n, p in drafts.items()},
-                           reply.verify_seconds - sum(heads.values()) if reply is not None
+                           {n: head_s.get(n, p.seconds) for n, p in drafts.items()},
+                           reply.verify_seconds - sum(head_s.values()) if reply is not None
                            else 0.0, called)
         self._apply(reqs, plan, reply, trees, scores, step, t0)
         if reply is None:

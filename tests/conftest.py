@@ -51,6 +51,27 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
     return load_model(family_dir / "draft-structured")
 
 
+def _embedded(log_dir, heads: dict[str, str] | None = None):
+    from spin.router.config import RouterConfig, SchedulerConfig
+    from spin.serve import Embedded, ServeConfig
+
+    router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
+                                                    step_trace=str(log_dir / "steps.jsonl")),
+                          policy_config={"guard": {"enabled": False}})
+    return Embedded(ServeConfig(port=0, log_dir=log_dir, router=router, heads=heads))
+
+
+@pytest.fixture(scope="session")
+def serving_model_drafters(tmp_path_factory: pytest.TempPathFactory):
+    """The embedded deployment without the family's draft head: for tests of how the learned
+    policy picks among the draft models by their prompt fit (a head scores no prompt and is
+    every request's candidate, so it takes steps from them; its own tests use ``serving``)."""
+    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={})
+    emb.start()
+    yield emb
+    emb.stop()
+
+
 @pytest.fixture(scope="session")
 def serving(tmp_path_factory: pytest.TempPathFactory):
     """The embedded deployment (verifier, one drafter per draft model, router, redis-server) as
@@ -59,14 +80,7 @@ def serving(tmp_path_factory: pytest.TempPathFactory):
     The learned policy's loss guard is off here: it decides from the step times it measures,
     which follow whatever else the machine runs, and a test's drafters must not depend on that
     (``tests/policy/test_loss_guard.py`` and ``test_learned.py`` cover the guard)."""
-    from spin.router.config import RouterConfig, SchedulerConfig
-    from spin.serve import Embedded, ServeConfig
-
-    log_dir = tmp_path_factory.mktemp("serve")
-    router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
-                                                    step_trace=str(log_dir / "steps.jsonl")),
-                          policy_config={"guard": {"enabled": False}})
-    emb = Embedded(ServeConfig(port=0, log_dir=log_dir, router=router))
+    emb = _embedded(tmp_path_factory.mktemp("serve"))
     emb.start()
     assert emb.redis is not None, "the service tests need redis-server (make test installs it)"
     yield emb

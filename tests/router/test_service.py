@@ -279,7 +279,8 @@ def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -
         router.stop(10)
 
 
-def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(serving) -> None:
+def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(
+        serving_model_drafters) -> None:
     """Code prompts draft mostly with the code model, prose prompts with the prose model (the
     learned policy's prompt fit), and every output equals the target decoding alone. Counted
     over both domains: which drafter one request ends with varies with the step times (the
@@ -289,6 +290,7 @@ def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(serving) -> Non
     from spin.zoo.corpus import heldout_prompts
     from spin.zoo.specs import FAMILY_DIR
 
+    serving = serving_model_drafters
     used: dict[str, dict[str, int]] = {}
     for domain in ("code", "prose"):
         steps: dict[str, int] = {}

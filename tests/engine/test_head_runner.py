@@ -4,6 +4,7 @@ follows the target's distribution (sampled, chi-square)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from spin.engine.eagle import EagleHead, random_head
 from spin.engine.head_runner import FeatureLog, HeadAsk, HeadDraft
-from spin.engine.model_runner import RunnerConfig
+from spin.engine.model_runner import ModelRunner, RunnerConfig
 from spin.engine.sampling import SamplingParams
+from spin.engine.step_graphs import GraphConfig, StepGraphs
 from spin.engine.tree import TokenTree
 from spin.engine.verifier import Verifier, VerifyRequest
 
@@ -193,3 +195,44 @@ def test_sampled_output_with_head_drafts_follows_the_target() -> None:
     assert 0 < accepted < drafted  # drafts both accepted and rejected
     assert counts[:, ~head.t2d].sum() > 0  # tokens the head never drafts are emitted too
     assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 0.01
+
+
+def _demo_target(family_dir: Path, cfg: RunnerConfig, buckets: bool) -> ModelRunner:
+    """The demo target; with ``buckets`` its steps run through the static-shape buckets (on
+    CUDA captured graphs, on the CPU the same bucketed step run eager)."""
+    runner = cfg.load(family_dir / "target")
+    if buckets and runner.device.type == "cpu":  # a runner built with a scratch block
+        runner = replace(cfg, compile=True).load(family_dir / "target")
+        runner.graphs = StepGraphs(runner, GraphConfig(capture=False, min_keys=64))
+    return runner
+
+
+@pytest.mark.parametrize("device,dtype,buckets", [
+    pytest.param("cpu", "float32", False, id="cpu-float32"),
+    pytest.param("cpu", "float32", True, id="cpu-float32-buckets"),
+    pytest.param("cuda", "float32", True, id="cuda-float32", marks=pytest.mark.cuda),
+    pytest.param("cuda", "bfloat16", True, id="cuda-bfloat16", marks=pytest.mark.cuda)])
+def test_the_demo_head_drafts_losslessly_on_each_device(family_dir: Path, device: str,
+                                                        dtype: str, buckets: bool) -> None:
+    """The trained demo head beside the demo target, batches of 1 and 8 on the device (CUDA:
+    ``scripts/gpu-check``), its states taken from the eager forward or from the static steps
+    (CUDA graphs): greedy output equals the verifier alone there, in float32 token for token,
+    and the head's drafts are accepted (a head fed wrong states drafts nothing the target
+    keeps)."""
+    cfg = RunnerConfig(device=device, dtype=dtype, max_seqs=16, kv_cache_memory=64 << 20)
+    head = EagleHead.load(family_dir / "eagle", len(cfg.load(family_dir / "target").layers))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, 2000, (24,), generator=g).tolist() for _ in range(8)]
+    for batch in (prompts[:1], prompts):
+        with_head = Verifier(_demo_target(family_dir, cfg, buckets), {"h": head})
+        alone = Verifier(cfg.load(family_dir / "target"))
+        steps: list[int] = []
+        verify = with_head.verify
+        with_head.verify = lambda reqs: steps.append(len(reqs)) or verify(reqs)  # type: ignore
+        got = _generate(with_head, batch, 16, True)
+        if dtype == "float32":
+            assert got == _generate(alone, batch, 16, False)
+        assert all(len(o) == 16 for o in got)
+        assert sum(steps) < 0.8 * 16 * len(batch)  # drafts were accepted
+        graphs = with_head.runner.graphs
+        assert (graphs is not None and graphs.replays > 0) == buckets

@@ -9,11 +9,11 @@ Parts (each selectable, each within its own time budget, run in this order):
   per request at batch 1/8/32/64, graphs off and on (bar: time(8) / time(1) <= 1.3 at batch 1);
 - ``baselines``: transformers' ``generate`` and assisted generation on the same shapes, and the
   demo family in process (HF generate, HF assisted, the engine alone and speculating);
-- ``drafters``: ~68M, ~160M and ~1.2B-parameter shapes decoding at batch 1..64, graphs off and
-  on (bar: graphs >= 2x eager at batch 1);
 - ``e2e``: the demo family through ``spin serve``'s processes on the device, speculation auto vs
   off, single stream and concurrent, greedy outputs compared (``bench/grid.py``'s cells);
-- ``services``: in process vs through the services (``bench/services.py``).
+- ``services``: in process vs through the services (``bench/services.py``);
+- ``drafters``: ~68M, ~160M and ~1.2B-parameter shapes decoding at batch 1..64, graphs off and
+  on (bar: graphs >= 2x eager at batch 1).
 
 The report (``gpu_report.py`` prints it) is written as JSON after every part, with the device
 name, torch version and date; a part that fails is recorded with its error and the run goes on.
@@ -42,8 +42,8 @@ def run_gpu_bench(cfg: GpuBenchConfig, say: Callable[[str], None] = print) -> di
         f"{run.dtype_name}), parts {','.join(parts)}, budget {cfg.budget_s:.0f} s")
     if {"target", "verify", "baselines"} & set(parts):
         target_parts(run, parts, baselines_part)
-    for name, fn in (("drafters", drafters_part), ("e2e", e2e_part),
-                     ("services", services_part)):
+    for name, fn in (("e2e", e2e_part), ("services", services_part),
+                     ("drafters", drafters_part)):
         if name not in parts:
             continue
         if run.total.left() < 5:

@@ -44,14 +44,18 @@ def bars(report: dict) -> dict:
     speedups = drafter_speedups(parts.get("drafters", {}).get("rows", []))
     demo = parts.get("baselines", {}).get("demo", {})
     e2e, services = parts.get("e2e", {}), parts.get("services", {})
+    # auto and off run different batch shapes; in half precision a near tie rounds either way
+    # between them (the cuda tests bound those), so the services' equality is judged in float32
+    exact = report["meta"]["dtype"] == "float32"
     return {
         "verify_8_over_1_b1": _verify_bar(parts, cuda),
         "drafter_graphs_speedup_b1": _bar(
             speedups or None, all(v >= DRAFTER_GRAPH_SPEEDUP_MIN for v in speedups.values())
             if speedups else None, f">= {DRAFTER_GRAPH_SPEEDUP_MIN} each"),
         "e2e_greedy_mismatches": _bar(e2e.get("greedy_mismatches"),
-                                      None if "greedy_mismatches" not in e2e
-                                      else e2e["greedy_mismatches"] == 0, "== 0"),
+                                      None if "greedy_mismatches" not in e2e or not exact
+                                      else e2e["greedy_mismatches"] == 0,
+                                      "== 0" if exact else "== 0 (float32 only)"),
         "demo_spin_mismatches": _bar(demo.get("spin_mismatches"),
                                      None if demo.get("spin_mismatches") is None
                                      else demo["spin_mismatches"] == 0, "== 0"),

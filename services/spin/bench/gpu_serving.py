@@ -153,13 +153,14 @@ def _service_runner(run: Run) -> RunnerConfig:
 
 def e2e_part(run: Run, budget: Budget) -> None:
     """The demo family through ``spin serve``'s processes (no Redis: statistics stay in the
-    router), the learned policy: speculation auto vs off at each concurrency, greedy."""
+    router), the learned policy: speculation auto vs off at each concurrency, greedy; two
+    rounds in alternating order (off first, then auto first: what runs first pays for warm-up)."""
     from ..serve import Embedded, ServeConfig
     from .grid import GridConfig, run_cells
 
     cfg, entry = run.cfg, run.part("e2e")
     grid = GridConfig(family_dir=cfg.family_dir, quick=True, temperatures=(0.0,),
-                      concurrencies=cfg.e2e_concurrency, prompt_sets=("short",), rounds=1)
+                      concurrencies=cfg.e2e_concurrency, prompt_sets=("short",), rounds=2)
     runner = _service_runner(run)
     emb = Embedded(ServeConfig(
         family_dir=cfg.family_dir, port=0, redis=False, runner=runner,

@@ -160,7 +160,9 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
     engine = _engine(cfg)
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
     names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
-    emb = Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False,
+    # the services serve what the engine in process holds: this drafter, no draft head (a
+    # head makes every verification keep three layers' inputs)
+    emb = Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False, heads={},
                                log_dir=log_dir, router=RouterConfig(policy="fixed"),
                                runner=cfg.runner,
                                drafter_kv_cache_memory=cfg.runner.kv_cache_memory))

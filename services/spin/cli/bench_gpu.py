@@ -37,7 +37,7 @@ def add_gpu(bsub: argparse._SubParsersAction) -> None:
                     help="auto: bfloat16 on CUDA (the demo family: its checkpoints' dtype), "
                          "float32 on the CPU")
     bg.add_argument("--parts", type=_parts, default=None,
-                    help="comma-separated, from target,verify,baselines,drafters,e2e,services "
+                    help="comma-separated, from target,verify,baselines,e2e,services,drafters "
                          "(default: all)")
     bg.add_argument("--budget", type=positive(float), default=250.0, metavar="SECONDS",
                     help="the whole run's time: parts that would start past it are skipped, "

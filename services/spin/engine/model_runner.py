@@ -169,6 +169,8 @@ class ModelRunner:
         self.iota = Iota(self.device)
         self.features: torch.Tensor | None = None
         """The last forward's layer inputs that it was asked to keep (``forward``)."""
+        self.feature_layers: tuple[int, ...] | None = None
+        """The layers whose inputs the static steps keep too (``keep_features``)."""
         static = not self.batch_invariant and (compile or (cuda_graphs
                                                            and self.device.type == "cuda"))
         self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
@@ -177,6 +179,13 @@ class ModelRunner:
         self.graphs: StepGraphs | None = StepGraphs(self, GraphConfig(
             capture=cuda_graphs, compile=compile)) if static else None
         """Bucketed static-shape steps (``step_graphs.py``), or None: every step eager."""
+
+    def keep_features(self, layers: tuple[int, ...]) -> None:
+        """Static steps keep the inputs of ``layers`` as well (a draft head reads them on
+        every step): steps built without them are dropped, to be built again."""
+        if layers != self.feature_layers and self.graphs is not None:
+            self.graphs.steps.clear()
+        self.feature_layers = layers
 
     def capture_graphs(self, progress: bool = False) -> int:
         """Capture every bucket's CUDA graph now, with a progress bar; returns how many (0
@@ -268,15 +277,16 @@ class ModelRunner:
         (all a chain drafter needs). V' = ``vocab_limit``. ``features``: also keep the
         residual-stream inputs of these layers for every new token, concatenated, in
         ``self.features`` [B, Lq, len(features) * D] (what a draft head takes: ``eagle.py``;
-        such a forward runs eager)."""
+        through the static steps only if they keep those layers: ``keep_features``)."""
         self.reserve(items)
         sizes = [len(it.tokens) for it in items]
         self.features = None
-        if self.graphs is not None and not features:
+        if self.graphs is not None and (features or None) == self.feature_layers:
             lk = max(self.cache.lengths[it.seq] + n for it, n in zip(items, sizes))
             rows = list(iter_rows(sizes, last_only, logits_from))
-            hidden = self.graphs.forward(items, rows, lk)                     # [B, Lr, D]
-            if hidden is not None:
+            static = self.graphs.forward(items, rows, lk)
+            if static is not None:
+                hidden, self.features = static                  # [B, Lr, D], [B, Lq, 3D]
                 return linear(hidden, self.lm_head)                           # [B, Lr, V']
         flex = self.attention == "flex"
         paged = self.cache.locate([it.seq for it in items], sizes, max(sizes), view=not flex)
@@ -303,10 +313,12 @@ class ModelRunner:
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                 paged: Paged, plan: FlexPlan | None = None,
-                features: tuple[int, ...] | None = None) -> torch.Tensor:
+                features: tuple[int, ...] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decoder layers over new tokens [B, Lq] at positions [B, Lq] -> [B, Lq, D];
-        attention by SDPA under ``mask``, or by FlexAttention under ``plan``; ``features``:
-        the inputs of these layers kept in ``self.features`` (``forward``)."""
+        attention by SDPA under ``mask``, or by FlexAttention under ``plan``; with
+        ``features`` also the inputs of these layers, concatenated [B, Lq, len(features) * D]
+        (else None)."""
         b, lq = tokens.shape
         x = F.embedding(tokens, self.embed)                                           # [B, Lq, D]
         cos, sin = self.rotary(x, positions)                                          # [B, Lq, hd]
@@ -329,26 +341,27 @@ class ModelRunner:
             x = x + linear(attn.transpose(1, 2).reshape(b, lq, -1), w.o)
             gate, up = linear(self._rms(x, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, w.down)
-        if features:
-            self.features = torch.cat([kept[li] for li in features], dim=-1)      # [B, Lq, 3D]
-        return x
+        return x, torch.cat([kept[li] for li in features], dim=-1) if features else None
 
     def static_body(self, tokens: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor,
-                    anc: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                    anc: torch.Tensor, table: torch.Tensor, slots: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A bucket's step (``step_graphs.py``): tokens [Bb, Qb], ctx [Bb], n [Bb],
-        anc [Bb, Qb, Qb], table [Bb, MB], slots [Bb * Qb] -> normed hidden states [Bb, Qb, D];
-        fixed shapes, no host reads (captured as a CUDA graph)."""
+        anc [Bb, Qb, Qb], table [Bb, MB], slots [Bb * Qb] -> normed hidden states [Bb, Qb, D]
+        and the inputs of ``feature_layers`` [Bb, Qb, 3D] (None without); fixed shapes, no host
+        reads (captured as a CUDA graph)."""
         paged = static_paged(table, slots, self.cache.block_size)
         flex = self.attention == "flex"
         positions, mask = static_mask(ctx, n, anc, paged.lk, dense=not flex)
         plan = self._plan(table, ctx, n, anc.shape[1], anc.bool()) if flex else None
-        return self._rms(self._hidden(tokens, positions, mask, paged, plan), self.norm)
+        x, kept = self._hidden(tokens, positions, mask, paged, plan, self.feature_layers)
+        return self._rms(x, self.norm), kept
 
     def _compute(self, lay: dict[str, torch.Tensor | None], paged: Paged, sizes: list[int],
                  last_only: bool, logits_from: list[int] | None,
                  features: tuple[int, ...] | None = None) -> torch.Tensor:
-        x = self._hidden(lay["tokens"], lay["positions"], lay["mask"], paged,
-                         lay.get("plan"), features)                                   # [B, Lq, D]
+        x, self.features = self._hidden(lay["tokens"], lay["positions"], lay["mask"], paged,
+                                        lay.get("plan"), features)                    # [B, Lq, D]
         b = x.shape[0]
         if last_only:
             logits_from = [n - 1 for n in sizes]

@@ -70,7 +70,7 @@ class StaticRunner(Protocol):
 
     def static_body(self, tokens: torch.Tensor, ctx: torch.Tensor, n: torch.Tensor,
                     anc: torch.Tensor, table: torch.Tensor, slots: torch.Tensor
-                    ) -> torch.Tensor: ...
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ class _Step:
 
     host: torch.Tensor                 # [N] int64, pinned on CUDA
     device: torch.Tensor               # [N] int64 on the runner's device (``host`` on the CPU)
-    run: Callable[[], torch.Tensor]    # -> hidden states [Bb, Qb, D]
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+    """-> hidden states [Bb, Qb, D], kept layer inputs [Bb, Qb, F] or None"""
     copied: torch.cuda.Event | None = None
     """Recorded after the last host-to-device copy: the host buffer is free again after it."""
 
@@ -210,7 +211,7 @@ class StepGraphs:
         lay = _Layout.of(buf, b, bs)
         body = self._body
 
-        def run() -> torch.Tensor:
+        def run() -> tuple[torch.Tensor, torch.Tensor | None]:
             return body(lay.tokens, lay.ctx, lay.n, lay.anc, lay.table, lay.slots)
 
         if not self.capture:  # eager or compiled; on CUDA its copy is ordered by an event too
@@ -225,16 +226,19 @@ class StepGraphs:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = run()
 
-        def replay() -> torch.Tensor:
+        def replay() -> tuple[torch.Tensor, torch.Tensor | None]:
             graph.replay()
             return out
 
         return _Step(host, buf, replay, torch.cuda.Event())
 
     def forward(self, items: list[StepItem], rows: list[list[int]], lk: int
-                ) -> torch.Tensor | None:
-        """Hidden states [B, Lr, D] of ``rows[i]`` of item i (the final norm applied), or None
-        when the batch fits no bucket (run it eager). Blocks are reserved already."""
+                ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Hidden states [B, Lr, D] of ``rows[i]`` of item i (the final norm applied) and the
+        kept layer inputs [B, Lq, F] of every new token (None unless the runner keeps some;
+        a copy: the graph's own output is overwritten by its next replay, perhaps before a
+        batch in flight is settled), or None when the batch fits no bucket (run it eager).
+        Blocks are reserved already."""
         sizes = [len(it.tokens) for it in items]
         b = self.bucket(sizes, lk)
         if b is None:
@@ -250,12 +254,13 @@ class StepGraphs:
             step.device.copy_(step.host, non_blocking=True)
             if step.copied is not None:
                 step.copied.record()
-        hidden = step.run()                                                      # [Bb, Qb, D]
+        hidden, kept = step.run()                                  # [Bb, Qb, D], [Bb, Qb, F]
         self.replays += 1
         lay = _Layout.of(step.device, b, bs)
         lr = len(rows[0])
         idx = lay.rows[:len(items), :lr]                                         # [B, Lr]
-        return hidden[:len(items)].gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        out = hidden[:len(items)].gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return out, None if kept is None else kept[:len(items), :max(sizes)].clone()
 
 
 def _fill_idle(lay: _Layout, scratch: int | None, block_size: int) -> None:

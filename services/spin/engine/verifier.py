@@ -112,6 +112,7 @@ class Verifier:
             raise ValueError(f"head {name} drafts over {head.config.vocab_size} tokens, the "
                              f"target scores {self.runner.vocab_size}")
         self.features = aux
+        self.runner.keep_features(aux)  # every step keeps them: through the static steps too
         blocks = self.runner.cache.blocks
         head = head.to(self.runner.device, self.runner.dtype)
         self.heads[name] = HeadRunner(name, head, self.runner.embed, blocks.num_blocks,

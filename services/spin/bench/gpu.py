@@ -28,8 +28,8 @@ import torch
 
 from .gpu_config import GpuBenchConfig
 from .gpu_run import Run
-from .gpu_runner import (Loaded, decode_step_s, open_runner, ratio_8_over_1, release_memory,
-                         verify_rows)
+from .gpu_runner import (Loaded, decode_step_s, graph_replay_s, open_runner, ratio_8_over_1,
+                         release_memory, verify_rows)
 from .gpu_shapes import Budget, Shape, build_random, copy_bandwidth
 
 def run_gpu_bench(cfg: GpuBenchConfig, say: Callable[[str], None] = print) -> dict:
@@ -130,12 +130,16 @@ def _decode(run: Run, ld: Loaded) -> None:
         entry.update(bandwidth_bytes_s=bw, weight_bytes=ld.runner.weight_bytes,
                      hbm_limit_ms=1e3 * ld.runner.weight_bytes / bw, rows=[])
     step = decode_step_s(ld.runner, 1, cfg.decode_context, cfg.decode_tokens, cfg.reps)
+    graph = graph_replay_s(ld.runner, 1, cfg.decode_context + cfg.decode_tokens, cfg.reps)
     row = {**ld.info(), "batch": 1, "step_ms": 1e3 * step, "tok_s": 1 / step,
-           "vs_hbm_limit": entry["hbm_limit_ms"] / (1e3 * step)}
+           "vs_hbm_limit": entry["hbm_limit_ms"] / (1e3 * step),
+           "graph_ms": None if graph is None else 1e3 * graph}
     entry["rows"].append(row)
     run.say(f"[target] graphs {'on ' if ld.graphs else 'off'}: {row['tok_s']:.1f} tok/s "
             f"({row['step_ms']:.2f} ms/step; HBM limit {entry['hbm_limit_ms']:.2f} ms, "
-            f"{row['vs_hbm_limit']:.2f} of it); load {ld.load_s:.1f} s, "
+            f"{row['vs_hbm_limit']:.2f} of it"
+            + (f"; the graph alone {row['graph_ms']:.2f} ms" if graph is not None else "")
+            + f"); load {ld.load_s:.1f} s, "
             f"{ld.graphs_built} graphs in {ld.capture_s:.1f} s")
 
 

@@ -74,6 +74,9 @@ def _target_lines(p: dict) -> list[str]:
         out.append(f"  batch 1, {mode:17s} {r['tok_s']:8.1f} tok/s  {r['step_ms']:7.2f} ms/step  "
                    f"{r['vs_hbm_limit']:.2f} of the HBM limit  (load {r['load_s']:.1f} s, "
                    f"{r['graphs_built']} graphs in {r['capture_s']:.1f} s)")
+        if r.get("graph_ms") is not None:  # the rest of the step: host work, output layer
+            out.append(f"    the captured graph alone {r['graph_ms']:.2f} ms/step, replays back "
+                       f"to back ({r['graph_ms'] / r['step_ms']:.2f} of the step)")
     return out
 
 

@@ -151,6 +151,24 @@ def decode_step_s(runner: ModelRunner, batch: int, context: int, steps: int, rep
         return device_time(run, runner.device, reps) / steps
 
 
+def graph_replay_s(runner: ModelRunner, batch: int, keys: int, reps: int,
+                   replays: int = 32) -> float | None:
+    """Median seconds of one replay of the captured graph of a ``batch``-request decode step
+    with ``keys`` keys, replays queued back to back (the device's time alone: a decode step's
+    wall time less this is what the host and the work outside the graph cost); None without
+    that graph. Replays its last step's inputs again: in a bench, after ``decode_step_s``."""
+    g = runner.graphs
+    step = g.steps.get(g.bucket([1] * batch, keys)) if g is not None and g.capture else None
+    if step is None:
+        return None
+
+    def run() -> None:
+        for _ in range(replays):
+            step.run()
+
+    return device_time(run, runner.device, reps) / replays
+
+
 def verify_shapes(tokens: tuple[int, ...], tree: bool) -> list[tuple[str, int, tuple[int, ...] | None]]:
     """(label, new tokens, parents) of each verification point: chains of ``tokens``, then the
     16-node tree."""

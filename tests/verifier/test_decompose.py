@@ -103,3 +103,23 @@ def test_the_verifier_splits_its_batches_by_its_cost_model(model: CostModel | No
     resp = svc.run_batch(verifier_pb2.VerifyRequest(tasks=tasks))
     assert len(resp.results) == 5 and all(r.tokens for r in resp.results)
     assert REGISTRY.get_sample_value("spin:verify_forwards_per_batch_sum") - before == forwards
+
+
+def test_a_large_batch_prices_few_groups() -> None:
+    """64 requests: the search prices O(cuts^2) groups, not O(n^2), and still splits a long
+    prefill off and keeps uniform decodes in one forward."""
+    calls = []
+    cost = default_cost_model().predict_padded_verify
+
+    def counted(rows: int, q: int, k: int) -> float:
+        calls.append(rows)
+        return cost(rows, q, k)
+
+    rng = random.Random(1)
+    sizes = [(rng.choice([1, 2, 4, 5]), rng.randint(50, 900)) for _ in range(63)] + [(300, 300)]
+    groups = decompose(sizes, counted)
+    assert sorted(itertools.chain(*groups)) == list(range(64))
+    assert [63] in groups  # the prefill on its own
+    assert len(calls) <= 24 * 25 // 2
+    assert _cost(sizes, groups, cost) <= _cost(sizes, [list(range(64))], cost)
+    assert decompose([(1, 100 + i) for i in range(64)]) == [list(range(64))]

@@ -60,7 +60,6 @@ def test_uniform_batches_stay_one_forward_and_limits() -> None:
     assert decompose([(5, 100)] * 32) == [list(range(32))]
     assert decompose([]) == []
     sizes = [(1, 50), (100, 50), (200, 50)]
-    assert len(decompose(sizes, max_groups=1)) == 1
     free_launch = CostModel(verify=(0.0, *DEFAULT_VERIFY[1:])).predict_padded_verify
     assert len(decompose(sizes, free_launch)) == 3
 

@@ -41,18 +41,19 @@ def default_cost_model() -> CostModel:
 MAX_CUTS = 16
 """A batch of more requests than this is split only at the points where the new-token count
 changes and at up to this many evenly spaced points of the (q, k) order: the search prices
-O(cuts^2) groups instead of O(n^2) (O(n^3) with ``max_groups``), which at 32 requests cost the
-verifier ~4 ms of Python a step (py-spy, 2026-11-27), as much as a GPU's whole step."""
+O(cuts^2) groups instead of O(n^2); its earlier form, O(n^3) with a cap on the forwards that no
+caller set, cost the verifier ~4 ms of Python a step at 32 requests (py-spy, 2026-11-27), as
+much as a GPU's whole step."""
 
 
-def decompose(sizes: list[tuple[int, int]], group_cost: GroupCost | None = None,
-              max_groups: int | None = None) -> list[list[int]]:
+def decompose(sizes: list[tuple[int, int]], group_cost: GroupCost | None = None
+              ) -> list[list[int]]:
     """Groups of request indices (each group one forward) minimising the summed ``group_cost``
     (default: ``default_cost_model``'s) over the splits of the (q, k) order at its cut points
     (every point up to ``MAX_CUTS`` requests: then the optimum).
 
     ``sizes[i]`` = (new tokens q, context length after them k) of request i. Groups come out in
-    ascending (q, k) order; ``max_groups`` caps the number of forwards.
+    ascending (q, k) order.
     """
     n = len(sizes)
     if n == 0:
@@ -68,34 +69,16 @@ def decompose(sizes: list[tuple[int, int]], group_cost: GroupCost | None = None,
         lo, hi = cuts[a], cuts[b]
         return cost(hi - lo, q[hi - 1], max(k[lo:hi]))
 
-    limit = min(max_groups or m, m)
-    if limit == m:  # no cap on the forwards: one dimension
-        best, back = [0.0] + [float("inf")] * m, [0] * (m + 1)
-        for b in range(1, m + 1):
-            for a in range(b):
-                c = best[a] + price(a, b)
-                if c < best[b]:
-                    best[b], back[b] = c, a
-        bounds, b = [], m
-        while b > 0:
-            bounds.append((back[b], b))
-            b = back[b]
-    else:  # best[g][b]: cheapest split of the first b segments into g forwards
-        inf = float("inf")
-        best2 = [[inf] * (m + 1) for _ in range(limit + 1)]
-        cut = [[0] * (m + 1) for _ in range(limit + 1)]
-        best2[0][0] = 0.0
-        for g in range(1, limit + 1):
-            for b in range(g, m + 1):
-                for a in range(g - 1, b):
-                    c = best2[g - 1][a] + price(a, b)
-                    if c < best2[g][b]:
-                        best2[g][b], cut[g][b] = c, a
-        g = min(range(1, limit + 1), key=lambda g: best2[g][m])
-        bounds, b = [], m
-        while g > 0:
-            bounds.append((cut[g][b], b))
-            b, g = cut[g][b], g - 1
+    best, back = [0.0] + [float("inf")] * m, [0] * (m + 1)  # best[b]: the first b segments
+    for b in range(1, m + 1):
+        for a in range(b):
+            c = best[a] + price(a, b)
+            if c < best[b]:
+                best[b], back[b] = c, a
+    bounds, b = [], m
+    while b > 0:
+        bounds.append((back[b], b))
+        b = back[b]
     return [[order[x] for x in range(cuts[a], cuts[b])] for a, b in reversed(bounds)]
 
 

@@ -7,28 +7,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spin.bench.grid import GridConfig, _cell, plot_grid, table
+from spin.bench.grid import OFF_AGAIN, GridConfig, _cell, plot_grid, table
 from spin.bench.policy_config import PolicyBenchConfig
 from spin.serve import Embedded
 
 
 def test_a_greedy_cell_of_long_prompts_is_lossless_and_reported(serving: Embedded,
                                                                 tmp_path: Path) -> None:
-    cfg = GridConfig(quick=True, concurrencies=(2,), temperatures=(0.0,), prompt_sets=("long",))
+    cfg = GridConfig(quick=True, concurrencies=(2,), temperatures=(0.0,), prompt_sets=("long",),
+                     repeat_off=True)
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens)
     cell = _cell(serving, cfg, bench, "long", 0.0, 2)
-    # two passes (off, auto, then auto, off): every output of both equals off's first
+    # two passes (off, auto, off again, then the reverse): every output equals off's first
     assert cell["requests"] == 8 and cell["rounds"] == 2 and cell["greedy_mismatches"] == 0
-    off, auto = cell["modes"]["off"], cell["modes"]["auto"]
-    assert off["tau"] == 1.0 and auto["tau"] >= 1.0  # off: one token a step
+    off, auto, again = (cell["modes"][m] for m in ("off", "auto", OFF_AGAIN))
+    assert off["tau"] == again["tau"] == 1.0 and auto["tau"] >= 1.0  # off: one token a step
+    assert cell["off_again_over_off"] == again["tokens_per_s"] / off["tokens_per_s"] > 0
     assert cell["auto_over_off"] == auto["tokens_per_s"] / off["tokens_per_s"] > 0
     assert len(off["tokens_per_s_by_round"]) == len(cell["auto_over_off_by_round"]) == 2
     # the cell's rate lies between its passes' (tokens over wall time, summed)
     assert (min(off["tokens_per_s_by_round"]) <= off["tokens_per_s"]
             <= max(off["tokens_per_s_by_round"]))
-    report = {"config": {"fixed": None}, "cells": [cell]}
+    report = {"config": {"fixed": None, "repeat_off": True}, "cells": [cell]}
     row = table(report).splitlines()[2]
     assert row.startswith("| long | 0 | 2 |") and row.count(", ") == 1
+    assert row.endswith(f" {cell['off_again_over_off']:.3f}x |")
     plot_grid(report, tmp_path / "grid.png")
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -423,9 +423,11 @@ def test_served_steps_calibrate_the_cost_model_but_not_a_verification_beside_sco
 
 
 def test_a_step_that_scores_predicts_what_the_scoring_adds_once_served_steps_showed_it() -> None:
-    # unpriced: its steps measure speculation to save nothing, which would price the rounds out
+    # unpriced: its steps measure speculation to save nothing, which would price the rounds (and
+    # the drafters' catch-ups) out
     policy = LearnedPolicy(learned_config({"score_rounds": 3, "score_every": 12,
-                                           "price_scoring": False}), cost=_cost())
+                                           "price_scoring": False, "price_catch_up": False}),
+                           cost=_cost())
 
     def first_step(rid: str) -> StepPrediction:
         plan = policy.choose([RequestView(rid, 300, 0, 100, True)], DRAFTERS)
@@ -492,6 +494,43 @@ def test_arriving_prompts_are_scored_only_where_speculation_can_pay_for_it() -> 
     plan = policy.choose([RequestView("alone", 300, 0, 64, True)], DRAFTERS)
     assert plan[0].score == ("draft-code", "draft-prose")
     assert plan.prediction is not None and plan.prediction.scoring_work == (2, 600)
+
+
+def test_a_drafter_that_must_catch_up_drafts_only_where_speculation_can_pay_for_it() -> None:
+    """Where speculating measured a loss, a request no longer starts drafting with a model
+    drafter that has not seen its context (the catch-up costs 40 ms, learnt in serving); one
+    that has seen it, prompt lookup and a head stay candidates; where it saves much, or before
+    anything is measured, every drafter may draft."""
+    policy = LearnedPolicy(learned_config({"prompt_fit": False}), cost=_cost())
+    policy.heads = heads = frozenset({"eagle"})
+    everyone, solo = DRAFTERS | heads, step_kind([False])
+
+    def candidates(rid: str) -> set[str]:
+        view = RequestView(rid, 300, 1, 64, False)
+        saving = policy.guard.saving(solo)
+        return policy._drafters([view], [policy._begin(view)], everyone, saving)[0][rid]
+
+    try:
+        assert candidates("unmeasured") == everyone  # nothing measured: all explored
+        for calls in (1, 2, 4):
+            policy.scoring_cost.observe(calls, calls * 300, 0.040 * calls)
+        for _ in range(4):  # speculating alone: 2 tokens in 40 ms against 1 in 15 ms
+            policy.guard.observe(solo, True, 2, 0.040)
+            policy.guard.observe(solo, False, 1, 0.015)
+        assert policy.guard.saving(solo) < 0
+        assert candidates("at-a-loss") == {PROMPT_LOOKUP, "eagle"}
+        policy._state("held").fed["draft-code"] = 300  # it has seen the whole context
+        assert candidates("held") == {"draft-code", PROMPT_LOOKUP, "eagle"}
+        for _ in range(40):  # now speculating alone: 3 tokens in 20 ms
+            policy.guard.observe(solo, True, 3, 0.020)
+        assert 64 * policy.guard.saving(solo) > policy.scoring_cost.predict(1, 300)
+        assert candidates("paying") == everyone
+        policy.cfg.price_catch_up = False
+        for _ in range(40):
+            policy.guard.observe(solo, True, 2, 0.040)
+        assert candidates("unpriced") == everyone
+    finally:
+        policy.close()
 
 
 def test_a_draft_head_is_every_requests_candidate_and_never_scores() -> None:

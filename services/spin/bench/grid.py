@@ -9,6 +9,8 @@ configuration, one mode after the other, each at that concurrency with every req
 pass. Reported per cell: output tokens per second of each mode (all tokens over the wall time,
 summed over passes) and per pass, mean end-to-end latency, auto / off (and per pass) and auto /
 fixed, and for greedy cells the outputs that differ from off's first pass (lossless: must be 0).
+``--repeat-off`` runs speculation off a second time as a mode of its own: its ratio to off is
+the cell's noise floor (the same work, timed twice), against which auto / off is read.
 
 Prompts: ``short`` are the demo family's held-out prompts, ``long`` a dataset of at least 200
 tokens per prompt, by default ``benchmarks/datasets/unseen-long.jsonl`` (``spin bench dataset``:
@@ -37,6 +39,10 @@ from .policy_config import PolicyBenchConfig, Sampling, run_requests
 from .unseen import DEFAULT_OUT as UNSEEN
 
 
+OFF_AGAIN = "off again"
+"""The label of speculation off's second run in a cell (``GridConfig.repeat_off``)."""
+
+
 @dataclass
 class GridConfig:
     """What the grid runs."""
@@ -55,6 +61,9 @@ class GridConfig:
     fixed: tuple[str, int] | None = None
     """A fixed configuration to compare too (drafter, k; its chain stops early as the policy's
     do), e.g. the best single one chosen on the tuning split."""
+    repeat_off: bool = False
+    """Also run speculation off a second time, as a mode of its own ("off again"): its ratio
+    to off is what the machine's drift alone does to a cell's ratio."""
     split: Literal["evaluation", "tuning"] = "evaluation"
     """The half of both prompt sets that is timed: tuning runs (choosing code or constants) use
     ``tuning``, reported figures ``evaluation``."""
@@ -93,6 +102,8 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     modes: list[tuple[str, str, int]] = [("off", "off", 0), ("auto", "auto", 0)]
     if cfg.fixed is not None:
         modes.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
+    if cfg.repeat_off:
+        modes.append((OFF_AGAIN, "off", 0))
     cell: dict = {"prompts": prompts, "temperature": temperature, "concurrency": concurrency,
                   "requests": len(reqs), "rounds": cfg.rounds, "modes": {}}
     outputs: dict[str, list[list[list[int]]]] = {label: [] for label, _, _ in modes}
@@ -121,6 +132,8 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     if cfg.fixed is not None:
         fixed = m[modes[2][0]]["tokens_per_s"]
         cell["auto_over_fixed"] = m["auto"]["tokens_per_s"] / fixed
+    if cfg.repeat_off:
+        cell["off_again_over_off"] = m[OFF_AGAIN]["tokens_per_s"] / m["off"]["tokens_per_s"]
     cell["auto_latency_not_worse"] = m["auto"]["mean_latency_s"] <= m["off"]["mean_latency_s"]
     reference = outputs["off"][0]  # every greedy output of every pass and mode against it
     cell["greedy_mismatches"] = (sum(a != b for label in outputs for run in outputs[label]
@@ -156,11 +169,15 @@ def run_grid(cfg: GridConfig) -> dict:
                        "concurrencies": list(cfg.concurrencies),
                        "temperatures": list(cfg.temperatures), "dataset": str(cfg.dataset),
                        "fixed": list(cfg.fixed) if cfg.fixed else None,
+                       "repeat_off": cfg.repeat_off,
                        "policy_config": cfg.policy_config, "split": cfg.split,
                        "rounds": cfg.rounds},
             "cells": cells, "min_auto_over_off": min(ratios),
             "median_auto_over_off": statistics.median(ratios),
-            "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells)}
+            "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells),
+            **({"off_again_over_off_range": [min(c["off_again_over_off"] for c in cells),
+                                             max(c["off_again_over_off"] for c in cells)]}
+               if cfg.repeat_off else {})}
 
 
 def table(report: dict) -> str:
@@ -169,6 +186,7 @@ def table(report: dict) -> str:
     head = "| prompts | temp | conc | off tok/s | auto tok/s | auto / off (each pass) |"
     head += " fixed tok/s | auto / fixed |" if fixed else ""
     head += " mean latency auto / off |"
+    head += " off again / off |" if report["config"].get("repeat_off") else ""
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in report["cells"]:
         m = c["modes"]
@@ -179,6 +197,8 @@ def table(report: dict) -> str:
             label = f"{fixed[0]}:k{fixed[1]}"
             row += f" {m[label]['tokens_per_s']:.1f} | {c['auto_over_fixed']:.3f}x |"
         row += (f" {m['auto']['mean_latency_s']:.2f} / {m['off']['mean_latency_s']:.2f} s |")
+        if "off_again_over_off" in c:
+            row += f" {c['off_again_over_off']:.3f}x |"
         lines.append(row)
     return "\n".join(lines)
 

@@ -57,6 +57,9 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--rounds", type=positive(int), default=2,
                     help="passes over each cell, the modes' order reversed every other pass "
                     "(default 2)")
+    bg.add_argument("--repeat-off", action="store_true",
+                    help="run speculation off twice per cell: the second run's ratio to the "
+                         "first is the noise floor auto / off is read against")
     bg.add_argument("--fixed", default=None, metavar="DRAFTER:K",
                     help="a fixed configuration to compare too, chosen on the tuning split")
     bg.add_argument("--policy-config", default=None,
@@ -87,6 +90,9 @@ def _bench_trace(args: argparse.Namespace) -> int:
         return fail("bench trace", f"{args.file} has no steps")
     print(f"{report['steps']} steps")
     print(table(report))
+    if "off_again_over_off_range" in report:
+        lo, hi = report["off_again_over_off_range"]
+        print(f"noise floor, off again / off: {lo:.3f}x to {hi:.3f}x")
     write_json(args.json, report)
     return 0
 
@@ -125,13 +131,16 @@ def _bench_grid(args: argparse.Namespace) -> int:
     report = run_grid(GridConfig(args.family_dir, args.quick, args.concurrency,
                                  args.temperatures, dataset=args.dataset or DEFAULT_OUT,
                                  prompt_sets=prompts, fixed=fixed, split=args.split,
-                                 rounds=args.rounds,
+                                 rounds=args.rounds, repeat_off=args.repeat_off,
                                  policy_config=overrides,
                                  trace=args.trace.resolve() if args.trace else None))
     print(table(report))
     print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
           f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "
           f"{report['greedy_mismatches']}")
+    if "off_again_over_off_range" in report:
+        lo, hi = report["off_again_over_off_range"]
+        print(f"noise floor, off again / off: {lo:.3f}x to {hi:.3f}x")
     write_json(args.json, report)
     if args.plot is not None:
         plot_grid(report, args.plot)

@@ -28,10 +28,8 @@ compares the tokens per second of steps that speculated with those of plain step
 steps where speculation measures less (``loss_guard.py``), probing the other side now and then.
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
-scores them; each scored position counts as one accepted or rejected draft token in the request's
-acceptance estimate, and the drafter's bandit prior becomes the goodput the cost model predicts
-at the best k for that rate (who scores when, and why sampling requests count an acceptance
-estimate instead of agreement: ``scoring_rounds.py``).
+scores them, seeding its acceptance estimate and bandit prior (``scoring_rounds.py``, which also
+prices what scoring calls and a model drafter's catch-up of a context may cost).
 
 **Calibration.** The cost model is fitted on bare forwards; in serving a step also pays round
 trips, the services' and the router's own work and the contention of processes sharing cores,
@@ -140,7 +138,8 @@ class LearnedPolicy:
         states = [self._begin(r) for r in requests]
         plain = self.guard.plain(requests)  # the loss guard's plain requests: mode off now
         requests = [replace(r, mode="off") if p else r for r, p in zip(requests, plain)]
-        cands, drafters = self._drafters(requests, states, available)
+        saving = self.guard.saving(step_kind([r.greedy for r in requests]))
+        cands, drafters = self._drafters(requests, states, available, saving)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
         policy_k = [r.mode == "auto" or (r.mode == "drafter" and not r.k) for r in requests]
@@ -148,7 +147,6 @@ class LearnedPolicy:
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
-        saving = self.guard.saving(step_kind([r.greedy for r in requests]))
         out = []
         for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
             score = (() if self.guard.probing else  # a probe measures speculation alone
@@ -166,24 +164,25 @@ class LearnedPolicy:
         return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill))
 
     def _drafters(self, requests: list[RequestView], states: list[RequestState],
-                  available: set[str]) -> tuple[dict[str, set[str]], list[str | None]]:
-        """Each request's candidates (mode auto) and drafter: its own in mode drafter (prompt
-        lookup when that is down), its bandit's pick among its candidates in mode auto, None in
-        mode off or when its only candidate is prompt lookup, which has no match."""
-        cands = {r.request_id: self._candidates(r, s, available)
-                 - (set() if r.lookup_match else {PROMPT_LOOKUP})
-                 for r, s in zip(requests, states) if r.mode == "auto"}
+                  available: set[str], saving: float | None
+                  ) -> tuple[dict[str, set[str]], list[str | None]]:
+        """Each request's candidates (mode auto, less the drafters whose catch-up it cannot
+        afford at ``saving``) and drafter: its own in mode drafter (prompt lookup when that is
+        down), its bandit's pick in mode auto, None in mode off or without candidates."""
+        cands: dict[str, set[str]] = {}
         drafters: list[str | None] = []
         for r, s in zip(requests, states):
             if r.mode == "off":
                 drafters.append(None)
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
-            elif cands[r.request_id]:
-                drafters.append(self.selector.choose(r.request_id, cands[r.request_id]))
-                s.chosen = drafters[-1]
             else:
-                drafters.append(None)
+                c = self._candidates(r, s, available) - (set() if r.lookup_match
+                                                         else {PROMPT_LOOKUP})
+                c = cands[r.request_id] = c - self.scoring.unaffordable(
+                    r, s, c, self.heads, saving, self.scoring_cost)
+                drafters.append(self.selector.choose(r.request_id, c) if c else None)
+                s.chosen = drafters[-1] if c else s.chosen
         return cands, drafters
 
     def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:

@@ -101,6 +101,10 @@ class LearnedPolicyConfig:
     """A request's model drafters score it (prompt or output) only while their calls' predicted
     seconds are at most what speculating measures to save over its remaining tokens
     (``ScoringRounds.priced``); False: they score whatever the step."""
+    price_catch_up: bool = True
+    """A request starts drafting with a model drafter that has not seen its context only while
+    that catch-up's predicted seconds are at most what speculating measures to save over its
+    remaining tokens (``ScoringRounds.unaffordable``); False: any drafter, whatever it costs."""
     fit_margin: float = 0.0
     """Model drafters whose prompt agreement is within this of the best-fitting one's are
     candidates too.

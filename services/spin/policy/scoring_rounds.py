@@ -46,6 +46,16 @@ on this machine it drops few; where speculation saves less per token it drops th
 only the share of the saving that the fitted drafter's better acceptance brings (1 - best
 population rate / fitted record) dropped half the calls at batch 32-63 and nearly all at 16-31,
 but also most at batch 1, where short greedy single streams then measured 0.98x off.
+
+What a catch-up may cost (``unaffordable``). A model drafter that has not seen a request's
+context prefills it on its first call, drafting or scoring alike: the same work, priced the
+same way. So a request may start drafting with such a drafter only while that catch-up's
+predicted seconds are at most its remaining tokens times the saving; prompt lookup and heads
+(inside the verifier) need none. Measured before the rule (``spin bench grid --temperatures 0.8
+--repeat-off``, evaluation split, 2-core CPU, step trace): at one sampled request a step in which
+a model drafter first drafted or scored took 37-55 ms against 15 ms for a plain step; 100 of the
+114 such steps of the run came in its first 40 s, and that cell measured 0.90x off against a
+noise floor (off against itself) of 0.975x.
 """
 
 from __future__ import annotations
@@ -90,6 +100,19 @@ class ScoringRounds:
               and PROMPT_LOOKUP in cands):
             score = (PROMPT_LOOKUP,)
         return tuple(sorted(score))
+
+    def unaffordable(self, r: RequestView, state: RequestState, cands: set[str],
+                     heads: frozenset[str], saving: float | None, cost: ScoringCost
+                     ) -> set[str]:
+        """The model drafters of ``cands`` the request may not start drafting with: those that
+        have not seen its context, whose catch-up (the tokens they have not seen, fed like a
+        scoring call's) costs more than speculating saves over its remaining tokens (module
+        doc: what a catch-up may cost). Prompt lookup and heads are never among them."""
+        if not (self.cfg.price_catch_up and saving is not None and cost.steps):
+            return set()
+        return {d for d in cands - heads - {PROMPT_LOOKUP}
+                if (fed := r.context_len - state.fed.get(d, 0)) > 0
+                and r.remaining * saving < cost.predict(1, fed)}
 
     def priced(self, r: RequestView, state: RequestState, drafter: str | None,
                score: tuple[str, ...], saving: float | None, cost: ScoringCost

@@ -346,3 +346,16 @@ def test_fair_objective_slows_the_requests_it_cannot_help_less() -> None:
     assert speedup["throughput"].min() < 0.45 < 0.55 < speedup["fair"].min()
     geo = {obj: float(np.exp(np.log(s).mean())) for obj, s in speedup.items()}
     assert geo["fair"] > geo["throughput"] and speedup["fair"].mean() > 1.5
+
+
+def test_the_ascent_prices_each_drafter_against_the_slowest_of_the_others() -> None:
+    """``_others_max``: per drafter, the slowest call of the others (0 without any), ties and
+    negative entries included, as removing each entry in turn gives."""
+    from spin.policy.goodput import _others_max
+
+    rng = np.random.default_rng(0)
+    for n in range(6):
+        for _ in range(50):
+            x = rng.integers(-2, 3, n) * 0.1
+            want = [np.delete(x, d).max(initial=0.0) for d in range(n)]
+            assert _others_max(x).tolist() == want

@@ -81,6 +81,17 @@ def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.nda
     return np.maximum(draft, verify) if pipelined else draft + verify
 
 
+def _others_max(x: np.ndarray) -> np.ndarray:
+    """[D] -> [D]: the largest of the other entries (0 when none, or when all are below)."""
+    out = np.full(len(x), max(float(x.max(initial=0.0)), 0.0))
+    if len(x) > 1:
+        second, first = np.argsort(x, kind="stable")[-2:]
+        out[first] = max(float(x[second]), 0.0)
+    elif len(x) == 1:
+        out[0] = 0.0
+    return out
+
+
 class _Batch:
     """Arrays of one choose() call plus the aggregate step-time model (vectorised)."""
 
@@ -193,7 +204,7 @@ class _Batch:
         for _ in range(4 * (k_max + 1) * max(self.b, 1)):  # strictly increasing: a safety cap
             kmax, cnt, act, sk, skc = self.aggregates(k)
             drafts = self.draft_time(all_d, kmax, act, sk, skc)
-            others = np.array([np.delete(drafts, d).max(initial=0.0) for d in all_d])
+            others = _others_max(drafts)                                           # [D]
             e = _expected_tokens_v(self.a, k)                                     # [B]
             tokens, log_e = float(e.sum()), float(np.log(e).sum())
             scored = float((k + 1).sum())

@@ -277,7 +277,8 @@ class LearnedPolicy:
             batch, ks, prefill,
             [nodes(c.branching, c.k) + 1 if c.branching else k + 1 for c, k in zip(out, ks)])
         extra = self.scoring_cost.predict(*work)
-        _, plain = self.controller.predicted_parts(batch, [0] * len(batch), prefill)
+        plain = (verify if not any(ks) and not any(c.branching for c in out)  # a plain plan
+                 else self.controller.predicted_parts(batch, [0] * len(batch), prefill)[1])
         return StepPrediction(self.controller.step_s(drafts, verify + extra), drafts, verify,
                               work, extra, plain, prefill, self.controller.expected(batch, ks))
 

@@ -90,9 +90,6 @@ def _bench_trace(args: argparse.Namespace) -> int:
         return fail("bench trace", f"{args.file} has no steps")
     print(f"{report['steps']} steps")
     print(table(report))
-    if "off_again_over_off_range" in report:
-        lo, hi = report["off_again_over_off_range"]
-        print(f"noise floor, off again / off: {lo:.3f}x to {hi:.3f}x")
     write_json(args.json, report)
     return 0
 

@@ -57,7 +57,7 @@ def _embedded(log_dir, heads: dict[str, str] | None = None):
 
     router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
                                                     step_trace=str(log_dir / "steps.jsonl")),
-                          policy_config={"guard": {"enabled": False}})
+                          policy_config={"guard": {"enabled": False}, "price_catch_up": False})
     return Embedded(ServeConfig(port=0, log_dir=log_dir, router=router, heads=heads))
 
 
@@ -77,9 +77,10 @@ def serving(tmp_path_factory: pytest.TempPathFactory):
     """The embedded deployment (verifier, one drafter per draft model, router, redis-server) as
     real processes on loopback ports, shared by the service tests.
 
-    The learned policy's loss guard is off here: it decides from the step times it measures,
-    which follow whatever else the machine runs, and a test's drafters must not depend on that
-    (``tests/policy/test_loss_guard.py`` and ``test_learned.py`` cover the guard)."""
+    The learned policy's loss guard and its pricing of drafters' catch-ups are off here: they
+    decide from the step times it measures, which follow whatever else the machine runs, and a
+    test's drafters must not depend on that (``tests/policy/test_loss_guard.py`` and
+    ``test_learned.py`` cover both)."""
     emb = _embedded(tmp_path_factory.mktemp("serve"))
     emb.start()
     assert emb.redis is not None, "the service tests need redis-server (make test installs it)"

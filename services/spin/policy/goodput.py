@@ -83,7 +83,7 @@ def _step_s(draft: np.ndarray | float, verify: float, pipelined: bool) -> np.nda
 
 def _others_max(x: np.ndarray) -> np.ndarray:
     """[D] -> [D]: the largest of the other entries (0 when none, or when all are below)."""
-    out = np.full(len(x), max(float(x.max(initial=0.0)), 0.0))
+    out = np.full(len(x), float(x.max(initial=0.0)))
     if len(x) > 1:
         second, first = np.argsort(x, kind="stable")[-2:]
         out[first] = max(float(x[second]), 0.0)

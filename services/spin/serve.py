@@ -161,7 +161,8 @@ def runner_argv(runner: RunnerConfig) -> list[str]:
     if runner.quantize != "none":
         argv += ["--quantize", runner.quantize]
     argv += ["--cuda-graphs" if runner.cuda_graphs else "--no-cuda-graphs",
-             "--compile" if runner.compile else "--no-compile", "--attention", runner.attention]
+             "--compile" if runner.compile else "--no-compile", "--attention", runner.attention,
+             "--prefix-caching" if runner.prefix_caching else "--no-prefix-caching"]
     return argv
 
 

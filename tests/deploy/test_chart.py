@@ -376,14 +376,15 @@ def test_verifier_heads_become_head_flags() -> None:
 def test_cuda_graphs_compile_and_attention_flags_have_defaults_and_follow_overrides() -> None:
     docs = render_set("default")
     args = main_container(docs, "spin-verifier")["args"]
-    assert "--cuda-graphs" in args and "--no-compile" in args
+    assert "--cuda-graphs" in args and "--no-compile" in args and "--prefix-caching" in args
     assert flag(args, "--attention") == "sdpa"
     pool = [{"name": "eager", "model": "m", "cudaGraphs": False, "compile": True,
-             "attention": "flex"}]
+             "attention": "flex", "prefixCaching": False}]
     docs = render("--set", "verifier.cudaGraphs=false", "--set-json", "drafters=" + json.dumps(pool))
     assert "--no-cuda-graphs" in main_container(docs, "spin-verifier")["args"]
     drafter = main_container(docs, "spin-drafter-eager")["args"]
     assert "--no-cuda-graphs" in drafter and "--compile" in drafter
+    assert "--no-prefix-caching" in drafter
     assert flag(drafter, "--attention") == "flex"
 
 

@@ -36,12 +36,17 @@ def _check_blocks(verifier: Verifier) -> None:
         if blocks.lengths[s.seq]:
             assert blocks.lengths[s.seq] == len(s.context) - 1
         assert len(blocks.tables[s.seq]) == blocks.blocks_for(blocks.lengths[s.seq])
-    held = sum(len(blocks.tables[s.seq]) for s in verifier.seqs)
-    assert blocks.free_blocks + held == blocks.num_blocks
+    held = {b for s in verifier.seqs for b in blocks.tables[s.seq]}  # shared blocks count once
+    assert blocks.free_blocks + len(held) == blocks.num_blocks
 
 
-def test_random_operations_leak_nothing_and_keep_outputs_equal(family_dir: Path, target) -> None:
+@pytest.mark.parametrize("stems", [0, 2])
+def test_random_operations_leak_nothing_and_keep_outputs_equal(family_dir: Path, target,
+                                                               stems: int) -> None:
+    """``stems``: contexts start with a cut of one of this many shared token runs (prefixes
+    found in the prefix caches of the verifier and the drafter, shared, rolled back into)."""
     rng = random.Random(3)
+    shared = [[rng.randrange(1, 4000) for _ in range(40)] for _ in range(stems)]
     verifier = Verifier(ModelRunner(family_dir / "target", max_seqs=SLOTS, max_model_len=192,
                                     kv_cache_bytes=64 * TBLOCK))
     drafters = {"code": ModelDrafter("code", ModelRunner(family_dir / "draft-code",
@@ -60,7 +65,9 @@ def test_random_operations_leak_nothing_and_keep_outputs_equal(family_dir: Path,
     for op_index in range(1000):
         op = rng.choice(["admit", "step", "step", "step", "rollback", "free"])
         if op == "admit" and len(live) < SLOTS:
-            live[f"r{op_index}"] = [rng.randrange(1, 4000) for _ in range(rng.randint(1, 12))]
+            stem = rng.choice(shared)[:rng.randint(0, 40)] if shared else []
+            live[f"r{op_index}"] = stem + [rng.randrange(1, 4000)
+                                           for _ in range(rng.randint(1, 12))]
         elif op == "rollback" and live:  # the context shrinks (e.g. a client edits history)
             rid = rng.choice(sorted(live))
             live[rid] = live[rid][:rng.randint(1, len(live[rid]))]
@@ -110,6 +117,9 @@ def test_random_operations_leak_nothing_and_keep_outputs_equal(family_dir: Path,
         blocks = runner.cache.blocks
         assert blocks.free_seqs == SLOTS and blocks.free_blocks == blocks.num_blocks
     assert checked > 300
+    if stems:  # prefixes were found, by the verifier and by the drafter
+        assert verifier.runner.cache.blocks.prefix.hits > 0
+        assert drafters["code"].runner.cache.blocks.prefix.hits > 0
 
 
 def _verify_request(rid: str, sync: tuple[int, tuple[int, ...]], tree: TokenTree,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import random
 import time
 
 import pytest
@@ -164,3 +165,32 @@ def test_replicas_come_and_go_under_streaming_requests(cluster) -> None:
     assert r['spin:replicas{drafter="",role="verifier"}'] == 2
     assert r['spin:replicas{drafter="draft-code",role="drafter"}'] == 2
     assert r.get('spin:request_errors_total{code="UNAVAILABLE"}', 0) == 0
+
+
+def test_requests_of_one_prefix_go_to_the_replica_that_caches_it(cluster) -> None:
+    """Cache-aware routing over two verifier processes: requests sharing a 96-token prefix, sent
+    together, all go to the replica that served it first, whose prefix cache serves every one
+    of its six blocks; the other replica computes none of it."""
+    api, children, router = cluster
+    api.put(verifier_slice("verifier-2", "127.0.0.1", children["verifier-2"].port))
+    deadline = time.monotonic() + 60
+    while scrape(router.metrics_port).get('spin:replicas{drafter="",role="verifier"}') != 2:
+        assert time.monotonic() < deadline, "the router never saw both verifier replicas"
+        time.sleep(0.2)
+    endpoint = f"127.0.0.1:{router.port}"
+    rng = random.Random(41)  # token ids no other test sends
+    system = [rng.randrange(100, 4000) for _ in range(96)]
+    hits = 'spin:prefix_cache_hits_total{model="target",role="verifier"}'
+    verifiers = {n: c for n, c in children.items() if n.startswith("verifier")}
+    before = {n: scrape(c.metrics_port).get(hits, 0) for n, c in verifiers.items()}
+    routed = 'spin:prefix_routing_total{drafter="",outcome="home",role="verifier"}'
+    home_before = scrape(router.metrics_port).get(routed, 0)
+    collect(endpoint, request(ids=system + [5] * 10, max_tokens=4, mode="off"))
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda i: collect(endpoint, request(
+            ids=system + [rng.randrange(100, 4000) for _ in range(12)], max_tokens=8)),
+            range(6)))
+    assert all(len(ids) == 8 for ids, _, _ in outs)
+    gained = sorted(scrape(c.metrics_port).get(hits, 0) - before[n] for n, c in verifiers.items())
+    assert gained == [0, 6 * 96]
+    assert scrape(router.metrics_port).get(routed, 0) - home_before == 6

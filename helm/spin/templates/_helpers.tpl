@@ -202,6 +202,7 @@ Model flags of a verifier or drafter container (args list items). dict "c" <role
 - {{ (hasKey $c "gpuMemoryUtilization" | ternary $c.gpuMemoryUtilization 0.9) | toString | quote }}
 - {{ (hasKey $c "cudaGraphs" | ternary $c.cudaGraphs true) | ternary "--cuda-graphs" "--no-cuda-graphs" }}
 - {{ $c.compile | default false | ternary "--compile" "--no-compile" }}
+- {{ (hasKey $c "prefixCaching" | ternary $c.prefixCaching true) | ternary "--prefix-caching" "--no-prefix-caching" }}
 - --attention
 - {{ $c.attention | default "sdpa" | quote }}
 {{- with $c.kvCacheMemory }}

@@ -102,6 +102,10 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile the bucketed steps (inductor; default off: on the CPU each "
                         "bucket compiles for seconds)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share full KV blocks of identical context prefixes across requests and "
+                        "keep them after a request ends, until their blocks are needed "
+                        "(default on)")
 
 
 def quantize_flag(p: argparse.ArgumentParser) -> None:
@@ -121,7 +125,7 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
                         max_model_len=args.max_model_len, max_seqs=args.max_seqs,
                         block_size=args.block_size, quantize=getattr(args, "quantize", "none"),
                         cuda_graphs=args.cuda_graphs, compile=args.compile,
-                        attention=args.attention)
+                        attention=args.attention, prefix_caching=args.prefix_caching)
 
 
 # ---- the service: ServerConfig and --cpus -------------------------------------------------------

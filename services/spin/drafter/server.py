@@ -120,7 +120,8 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
         seconds = time.perf_counter() - start
         runner = self.drafter.runner
         metrics.observe_service_batch("drafter", self.name, seconds, len(batch.tasks),
-                                      runner.cache.usage, len(self.drafter.seqs))
+                                      runner.cache.usage, len(self.drafter.seqs),
+                                      runner.cache.blocks.prefix)
         if tracing.enabled():
             self._trace(batch, results, start_ns, start_ns + int(seconds * 1e9))
         blocks = runner.cache.blocks

@@ -11,11 +11,18 @@ sequence holds the blocks of the tokens it has.
 A growing sequence takes the block after its last one when that block is free, so a sequence that
 grows alone lies in one contiguous run and the model reads its keys and values without gathering
 (``contiguous``).
+
+With ``prefix_caching`` (``prefix_cache.py``), the full blocks of a sequence's context are
+registered by their tokens (``publish``), blocks are shared by reference count, a new sequence
+attaches the registered blocks its context starts with (``match``), and a released registered
+block stays idle with its contents until a block is needed and no other is free.
 """
 
 from __future__ import annotations
 
 import heapq
+
+from .prefix_cache import Key, PrefixCache
 
 
 class CacheFull(RuntimeError):
@@ -25,7 +32,8 @@ class CacheFull(RuntimeError):
 class BlockManager:
     """Blocks and block tables of up to ``max_seqs`` sequences (no tensors: the bookkeeping)."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_seqs: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, max_seqs: int,
+                 prefix_caching: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0 or max_seqs <= 0:
             raise ValueError(f"num_blocks ({num_blocks}), block_size ({block_size}) and max_seqs "
                              f"({max_seqs}) must be > 0")
@@ -35,11 +43,17 @@ class BlockManager:
         """Committed tokens of each sequence id."""
         self.tables: list[list[int]] = [[] for _ in range(max_seqs)]
         """Block ids of each sequence id, in position order."""
-        self._is_free = bytearray(b"\x01") * num_blocks
+        self._refs = [0] * num_blocks
+        """Sequences holding each block (0: free, or idle in the prefix cache)."""
         self._free_heap = list(range(num_blocks))  # lazy: entries of taken blocks are skipped
         self._num_free = num_blocks
+        """Blocks no sequence holds (idle prefix-cache blocks included)."""
         self._free_seqs: list[int] = list(range(max_seqs - 1, -1, -1))
         self._owner: dict[int, str] = {}
+        self.prefix: PrefixCache | None = PrefixCache() if prefix_caching else None
+        """The prefix cache (None: prefix caching off)."""
+        self._keys: list[list[Key]] = [[] for _ in range(max_seqs)]
+        """Chained keys of each sequence's leading full context blocks (``publish``)."""
 
     # ---- sizes -----------------------------------------------------------------------------------
     @property
@@ -97,6 +111,7 @@ class BlockManager:
         self._release(self.tables[seq])
         self.tables[seq] = []
         self.lengths[seq] = 0
+        self._keys[seq] = []
 
     def _check(self, seq: int) -> None:
         if seq not in self._owner:
@@ -113,25 +128,41 @@ class BlockManager:
         table = self.tables[seq]
         for _ in range(need):
             nxt = table[-1] + 1 if table else -1
-            table.append(nxt if 0 <= nxt < self.num_blocks and self._is_free[nxt]
-                         else self._pop_free())
-            self._is_free[table[-1]] = 0
+            table.append(nxt if 0 <= nxt < self.num_blocks and self._unused(nxt)
+                         else self._take())
+            self._refs[table[-1]] = 1
         self._num_free -= need
         return table[len(table) - need:]
 
-    def _pop_free(self) -> int:
-        while True:
+    def _unused(self, block: int) -> bool:
+        """Free and holding nothing the prefix cache keeps."""
+        return self._refs[block] == 0 and (self.prefix is None
+                                           or not self.prefix.registered(block))
+
+    def _take(self) -> int:
+        """A free block: one that holds nothing, else the least recently released idle one."""
+        while self._free_heap:
             block = heapq.heappop(self._free_heap)
-            if self._is_free[block]:
+            if self._unused(block):
                 return block
+        block = self.prefix.evict() if self.prefix is not None else None
+        if block is None:  # the caller checked the free count: a bookkeeping error
+            raise RuntimeError("the free-block count and the free blocks disagree")
+        return block
 
     def _release(self, blocks: list[int]) -> None:
-        for block in blocks:
-            self._is_free[block] = 1
-            heapq.heappush(self._free_heap, block)
-        self._num_free += len(blocks)
+        """Drop one reference to each block; a block's last release frees it (idle in the
+        prefix cache when registered: a sequence's last blocks become idle first, so that its
+        first blocks, the ones other contexts share, are evicted last)."""
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block]:
+                continue
+            self._num_free += 1
+            if self.prefix is None or not self.prefix.release(block):
+                heapq.heappush(self._free_heap, block)
         if len(self._free_heap) > 2 * self.num_blocks:  # drop the entries of taken blocks
-            self._free_heap = [b for b in range(self.num_blocks) if self._is_free[b]]
+            self._free_heap = [b for b in range(self.num_blocks) if self._unused(b)]
 
     def commit(self, seq: int, length: int) -> None:
         """Set the committed length (after a forward wrote up to it, or to roll back) and give
@@ -145,6 +176,23 @@ class BlockManager:
         if len(self.tables[seq]) > keep:
             self._release(self.tables[seq][keep:])
             del self.tables[seq][keep:]
+        if self.prefix is not None:
+            self._unshare_tail(seq)
+
+    def _unshare_tail(self, seq: int) -> None:
+        """Keep the sequence's next writes out of registered blocks: a partly kept last block
+        that is registered is unregistered when this sequence alone holds it, else dropped from
+        its table (the length falls to the block's start: the caller recomputes the rest)."""
+        full = self.lengths[seq] // self.block_size
+        del self._keys[seq][full:]
+        table = self.tables[seq]
+        if len(table) > full and self.prefix.registered(table[full]):
+            if self._refs[table[full]] == 1:
+                self.prefix.forget(table[full])
+            else:
+                self._release(table[full:])
+                del table[full:]
+                self.lengths[seq] = full * self.block_size
 
     def rollback(self, seq: int, length: int) -> None:
         """Forget everything after the first ``length`` committed tokens."""
@@ -153,6 +201,42 @@ class BlockManager:
             raise ValueError(f"cannot roll sequence {seq} back to {length}: it holds "
                              f"{self.lengths[seq]} tokens")
         self.commit(seq, length)
+
+    # ---- prefix caching --------------------------------------------------------------------------
+    def match(self, seq: int, context: list[int]) -> int:
+        """Attach to an empty sequence the registered blocks its ``context`` starts with (all
+        but its last token: the next forward must feed at least that one) and return the
+        tokens they hold (0 without prefix caching)."""
+        if self.prefix is None or self.tables[seq] or not context:
+            return 0
+        bs, keys, table = self.block_size, self._keys[seq], self.tables[seq]
+        parent = None
+        for i in range((len(context) - 1) // bs):
+            found = self.prefix.lookup(parent, tuple(context[i * bs:(i + 1) * bs]))
+            if found is None:
+                break
+            block, parent = found
+            if self._refs[block] == 0:
+                self.prefix.hold(block)
+                self._num_free -= 1
+            self._refs[block] += 1
+            table.append(block)
+            keys.append(parent)
+        self.lengths[seq] = len(table) * bs
+        self.prefix.queries += len(context)
+        self.prefix.hits += self.lengths[seq]
+        return self.lengths[seq]
+
+    def publish(self, seq: int, context: list[int]) -> None:
+        """Register the sequence's full blocks of committed ``context`` tokens not registered
+        yet (a block whose tokens another block already holds stays this sequence's own)."""
+        if self.prefix is None:
+            return
+        bs, keys, table = self.block_size, self._keys[seq], self.tables[seq]
+        for i in range(len(keys), min(self.lengths[seq], len(context)) // bs):
+            parent = keys[-1] if keys else None
+            keys.append(self.prefix.register(table[i], parent,
+                                             tuple(context[i * bs:(i + 1) * bs])))
 
     def contiguous(self, seq: int) -> int | None:
         """The first block when the sequence's blocks are one ascending run, else None."""

@@ -78,18 +78,20 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, kv_heads: int, head_dim: int,
                  max_seqs: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", scratch: bool = False,
-                 zeroed: bool = False) -> None:
+                 zeroed: bool = False, prefix_caching: bool = False) -> None:
         """``scratch``: one block more than ``num_blocks``, never handed out, where padded tokens
         of static-shape steps write and which padded block-table entries read (zeros and
         finite values only: a masked key must not carry a NaN into attention). ``zeroed``: the
         whole pool zeroed at once, for attention that reads keys of blocks never handed out
-        (eager FlexAttention scores the whole pool; 0 x NaN from uninitialised memory is NaN)."""
+        (eager FlexAttention scores the whole pool; 0 x NaN from uninitialised memory is NaN).
+        ``prefix_caching``: full context blocks are shared across requests
+        (``prefix_cache.py``)."""
         shape = (num_layers, num_blocks + int(scratch), block_size, kv_heads, head_dim)
         # empty, not zeros: a block is zeroed when first taken (``reserve``), so on CPU the
         # budget becomes resident as it is used, not all at start
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.blocks = BlockManager(num_blocks, block_size, max_seqs)
+        self.blocks = BlockManager(num_blocks, block_size, max_seqs, prefix_caching)
         self.block_size = block_size
         self.device = torch.device(device)
         self._zeroed = bytearray(num_blocks)  # blocks ever written: nothing uninitialised is read

@@ -98,6 +98,8 @@ class RunnerConfig:
     attention: AttentionMode = "sdpa"
     """sdpa (gathered keys, dense mask) or flex (FlexAttention over the paged pool:
     ``attention.py``)."""
+    prefix_caching: bool = True
+    """Full context blocks shared across requests and kept after them (``prefix_cache.py``)."""
 
     def load(self, path: str | Path | PreTrainedModel, vocab_limit: int | None = None
              ) -> ModelRunner:
@@ -106,7 +108,7 @@ class RunnerConfig:
         return ModelRunner(path, self.max_seqs, self.max_model_len, self.device, self.dtype,
                            self.kv_cache_memory, self.gpu_memory_utilization, self.block_size,
                            self.quantize, vocab_limit, self.cuda_graphs, self.compile,
-                           self.attention)
+                           self.attention, self.prefix_caching)
 
 
 class ModelRunner:
@@ -117,14 +119,15 @@ class ModelRunner:
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = BLOCK_SIZE, quantize: Quantization = "none",
                  vocab_limit: int | None = None, cuda_graphs: bool = True,
-                 compile: bool = False, attention: AttentionMode = "sdpa") -> None:
+                 compile: bool = False, attention: AttentionMode = "sdpa",
+                 prefix_caching: bool = True) -> None:
         """``device``/``dtype``: as ``memory.resolve_device``/``resolve_dtype`` take them.
         ``kv_cache_bytes``/``gpu_memory_utilization``/``max_model_len``: the cache's budget and
         the longest request (``memory.kv_budget``). ``quantize="int8"``: int8 linear weights
         (``quant.py``; draft models only, CPU and fp32 activations). ``vocab_limit``: score only
         token ids below it (a drafter whose embedding is padded past the tokenizer's tokens,
         or past the target's rows, never drafts an id the target cannot score).
-        ``cuda_graphs``/``compile``/``attention``: ``RunnerConfig``'s."""
+        ``cuda_graphs``/``compile``/``attention``/``prefix_caching``: ``RunnerConfig``'s."""
         if attention not in ("sdpa", "flex"):
             raise ValueError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
         self.attention = attention
@@ -175,7 +178,7 @@ class ModelRunner:
                                                            and self.device.type == "cuda"))
         self.cache = KVCache(len(self.layers), budget.num_blocks, self.kv_heads, self.head_dim,
                              max_seqs, block_size, dtype, self.device, scratch=static,
-                             zeroed=attention == "flex")
+                             zeroed=attention == "flex", prefix_caching=prefix_caching)
         self.graphs: StepGraphs | None = StepGraphs(self, GraphConfig(
             capture=cuda_graphs, compile=compile)) if static else None
         """Bucketed static-shape steps (``step_graphs.py``), or None: every step eager."""

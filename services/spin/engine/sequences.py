@@ -5,7 +5,9 @@ A caller updates a request's context by ``(keep, delta)``: the first ``keep`` to
 ``delta`` follows them (the router sends each service only what changed; the in-process engine
 does the same). The cache keeps its entries up to the longest prefix still valid, found by
 comparing only the tokens after ``keep`` (at most the last step's tokens): no step re-reads a whole
-context. A model drafter's cache may also hold the chain it drafted past the context; the tokens
+context. A request with nothing computed (new, or evicted) starts from the blocks the prefix cache
+holds for its context (``BlockManager.match``); each update registers the request's newly full
+context blocks there (``publish``), and so does its release. A model drafter's cache may also hold the chain it drafted past the context; the tokens
 of it that the next context confirms are kept.
 
 Each request has a generator; a seeded request's is re-seeded at every step from its seed, a
@@ -118,7 +120,11 @@ class Sequences:
         del s.context[keep:]
         s.context.extend(delta)
         s.drafted = []
-        self.cache.rollback(s.seq, min(valid, len(s.context) - 1))
+        if length == 0:  # nothing computed (new, or evicted): what the prefix cache holds
+            self.cache.blocks.match(s.seq, s.context)
+        else:
+            self.cache.rollback(s.seq, min(valid, len(s.context) - 1))
+            self.cache.blocks.publish(s.seq, s.context)
         s.last_used = self.clock
         return s
 
@@ -150,6 +156,7 @@ class Sequences:
         """Forget the request and free its cache; unknown ids are ignored (idempotent)."""
         s = self._seqs.pop(request_id, None)
         if s is not None:
+            self.cache.blocks.publish(s.seq, s.context)  # kept for later requests
             self.cache.blocks.free(s.seq)
 
     def tick(self) -> int:

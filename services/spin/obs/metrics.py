@@ -24,6 +24,11 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 - preemptions per second (the verifier's KV cache too small for the load):
   ``sum(rate(spin:num_preemptions_total{role="verifier"}[5m]))``; KV cache use:
   ``max by (role, model) (spin:kv_cache_usage_perc)``
+- prefix cache hit rate per service (tokens of new contexts found in cached blocks)::
+
+    sum by (role, model) (rate(spin:prefix_cache_hits_total[5m]))
+      / sum by (role, model) (rate(spin:prefix_cache_queries_total[5m]))
+
 - requests a service still holds with none running (a leak; should be 0):
   ``sum by (role, model) (spin:service_sequences) and on() (sum(spin:num_requests_running) == 0)``
 - speculation measured against plain steps, per kind of step (below 1: at a loss; the learned
@@ -41,7 +46,13 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 
 from __future__ import annotations
 
+import weakref
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from ..engine.prefix_cache import PrefixCache
 
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
             10.0, 20.0, 40.0, 80.0)
@@ -124,6 +135,11 @@ STATS_STEPS_LOST = Counter("spin:stats_steps_lost",
                            "shutdown and no spill file to keep them (--stats-spill).")
 REPLICAS = Gauge("spin:replicas", "Replicas the router knows per service (from discovery).",
                  ["role", "drafter"])
+PREFIX_ROUTING = Counter("spin:prefix_routing",
+                         "New requests routed among several replicas, by outcome: home (to the "
+                         "replica its prompt prefix was sent to), busy (home too loaded: the "
+                         "least loaded instead), none (no prefix remembered).",
+                         ["role", "drafter", "outcome"])
 
 # ---- drafter and verifier processes ------------------------------------------------------------
 SERVICE_BATCH_SECONDS = Histogram("spin:service_batch_seconds",
@@ -152,11 +168,29 @@ NUM_PREEMPTIONS = Counter("spin:num_preemptions",
                           "is drafted again).", ["role", "model"])
 
 
+PREFIX_CACHE_QUERIES = Counter("spin:prefix_cache_queries",
+                               "Context tokens of new (or recomputed) requests looked up in the "
+                               "prefix cache (vLLM's prefix_cache_queries).", ["role", "model"])
+PREFIX_CACHE_HITS = Counter("spin:prefix_cache_hits",
+                            "Of those, tokens found in cached blocks (not computed again).",
+                            ["role", "model"])
+_prefix_seen: weakref.WeakKeyDictionary[PrefixCache, tuple[int, int]] = \
+    weakref.WeakKeyDictionary()
+"""A prefix cache -> its queries and hits already counted."""
+
+
 def observe_service_batch(role: str, model: str, seconds: float, requests: int,
-                          blocks_in_use: float, sequences: int) -> None:
+                          blocks_in_use: float, sequences: int,
+                          prefix: PrefixCache | None = None) -> None:
     """A drafter's or verifier's batch: its compute time, size, and cache use after it
-    (``sequences``: the requests it holds)."""
+    (``sequences``: the requests it holds; ``prefix``: its prefix cache, whose lookups since
+    the last batch are counted)."""
     SERVICE_BATCH_SECONDS.labels(role, model).observe(seconds)
     SERVICE_BATCH_REQUESTS.labels(role, model).observe(requests)
     KV_CACHE_USAGE.labels(role, model).set(blocks_in_use)
     SERVICE_SEQUENCES.labels(role, model).set(sequences)
+    if prefix is not None:
+        queries, hits = _prefix_seen.get(prefix, (0, 0))
+        PREFIX_CACHE_QUERIES.labels(role, model).inc(prefix.queries - queries)
+        PREFIX_CACHE_HITS.labels(role, model).inc(prefix.hits - hits)
+        _prefix_seen[prefix] = (prefix.queries, prefix.hits)

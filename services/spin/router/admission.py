@@ -3,8 +3,10 @@ its context, as the verifier last reported them less what the router admitted si
 
 The verifier reports its free blocks with every batch (``VerifyResponse.free_blocks``). A request
 admitted since is *pending* until its first verification: its context's blocks are counted as
-taken. A request is admitted while the free blocks, less the pending ones and a small watermark
-(1% of the cache, as vLLM keeps), hold its context and one new token; with nothing running it is
+taken, less the blocks of its prompt's prefix that the router sent to the verifier before (likely
+in its prefix cache: ``prefix_affinity.py``; shared blocks count once). A request is admitted
+while the free blocks, less the pending ones and a small watermark (1% of the cache, as vLLM
+keeps), hold its context and one new token; with nothing running it is
 admitted whatever the estimate says (another router may have used the blocks, and when it
 cannot be served the verifier preempts it: nothing waits forever on a stale count).
 
@@ -41,12 +43,14 @@ class KVBudget:
         if num_blocks:
             self.free, self.num_blocks = free, num_blocks
 
-    def try_admit(self, context_tokens: int, running: int) -> int | None:
+    def try_admit(self, context_tokens: int, running: int, cached_tokens: int = 0
+                  ) -> int | None:
         """The blocks a request of ``context_tokens`` is counted for when admitted now, or None
-        when it must wait."""
+        when it must wait; ``cached_tokens`` of its prefix are likely in the verifier's prefix
+        cache already (shared blocks count once)."""
         if not self.block_size:
             return 0
-        need = self.blocks_for(context_tokens + 1)
+        need = self.blocks_for(context_tokens + 1) - cached_tokens // self.block_size
         if running and need + self.watermark > self.free - self.pending:
             return None
         self.pending += need

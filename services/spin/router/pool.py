@@ -1,8 +1,10 @@
 """One logical service (the verifier, or one drafter) over all of its replicas.
 
 A drafter or verifier replica keeps each request's context (and KV cache) between batches, so a
-request is **pinned** to one replica: the first time it is routed it goes to the replica with the
-fewest pinned requests (spreading work), and stays there. When its replica leaves (its pod is gone
+request is **pinned** to one replica: the first time it is routed it goes to the replica its
+prompt's prefix was sent to (whose prefix cache likely holds it: ``prefix_affinity.py``) unless
+that one is much busier, else to the replica with the fewest pinned requests (spreading work),
+and stays there. When its replica leaves (its pod is gone
 from discovery) or is down, the request is pinned elsewhere with ``keep = 0``: the new replica gets
 the whole context, which costs one prefill and never changes the output. A replica that fails
 mid-batch answers *resync* for its share of the batch, so the rest of the batch goes on.
@@ -24,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from ..obs import metrics
 from ..v1 import drafter_pb2, verifier_pb2
 from .clients import ServiceDown, StreamClient
+from .prefix_affinity import PrefixAffinity
 
 log = logging.getLogger(__name__)
 Kind = Literal["drafter", "verifier"]
@@ -52,6 +55,8 @@ class ReplicaPool:
         self._releases: dict[str, set[str]] = collections.defaultdict(set)
         """address -> request ids to release there at its next call"""
         self._closing: set[asyncio.Task] = set()
+        self.affinity = PrefixAffinity()
+        """Where each prompt prefix was sent (cache-aware routing)."""
         self.set_addresses(addresses)
 
     # ---- membership ------------------------------------------------------------------------------
@@ -69,6 +74,7 @@ class ReplicaPool:
             log.info("%s %s: replica %s left", self.kind, self.name, addr)
             client = self.replicas.pop(addr)
             self._releases.pop(addr, None)
+            self.affinity.drop(addr)
             for rid in [r for r, a in self.pins.items() if a == addr]:
                 self._unpin(rid)  # routed afresh, with the whole context, at its next step
             task = asyncio.get_running_loop().create_task(client.close())
@@ -85,9 +91,11 @@ class ReplicaPool:
         return any(c.available for c in self.replicas.values())
 
     # ---- what each replica holds ----------------------------------------------------------------
-    def keep(self, request_id: str) -> int:
+    def keep(self, request_id: str, prompt: Sequence[int] = ()) -> int:
         """Pin the request (if it is not, or its replica is gone or down) and return the context
-        tokens to keep: what its replica holds, 0 on a replica that never saw it."""
+        tokens to keep: what its replica holds, 0 on a replica that never saw it. A request
+        pinned anew goes where its ``prompt``'s prefix was sent, if that replica is not much
+        busier than the others (``prefix_affinity.py``), else to the least loaded."""
         addr = self.pins.get(request_id)
         client = self.replicas.get(addr) if addr else None
         if client is not None and (client.available or not self.available):
@@ -95,8 +103,11 @@ class ReplicaPool:
         live = [a for a, c in self.replicas.items() if c.available] or list(self.replicas)
         if not live:  # nothing to pin to: the call fails and the scheduler handles it
             return self.held.get(request_id, 0)
-        load = collections.Counter(self.pins.values())
-        new = min(sorted(live), key=lambda a: load[a])
+        pinned = collections.Counter(self.pins.values())
+        keys = self.affinity.keys(prompt)
+        new = self.affinity.choose(keys, {a: pinned[a] for a in live}, self.kind,
+                                   self.name if self.kind == "drafter" else "")
+        self.affinity.record(keys, new)
         if addr in self.replicas:  # moved off a replica that is down: free it there when back
             self._releases[addr].add(request_id)
         self.pins[request_id] = new

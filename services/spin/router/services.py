@@ -14,7 +14,7 @@ A malformed tree costs its request the step's draft (the rest of the batch draft
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,8 +156,13 @@ class Service(Protocol):
         """Some replica is up, or due for another try."""
         ...
 
-    def keep(self, request_id: str) -> int:
-        """Pin the request to a replica; the context tokens to keep (0 on a replica new to it)."""
+    def keep(self, request_id: str, prompt: Sequence[int] = ()) -> int:
+        """Pin the request to a replica (a new pin: where its ``prompt``'s prefix went, load
+        permitting); the context tokens to keep (0 on a replica new to it)."""
+        ...
+
+    def cached_prefix(self, prompt: Sequence[int]) -> int:
+        """Tokens of the prompt's prefix the service likely caches (sent there before)."""
         ...
 
     def hold(self, request_id: str, tokens: int) -> None:
@@ -204,11 +209,14 @@ class _PoolFacade:
     def available(self) -> bool:
         return self.pool.available
 
-    def keep(self, request_id: str) -> int:
-        return self.pool.keep(request_id)
+    def keep(self, request_id: str, prompt: Sequence[int] = ()) -> int:
+        return self.pool.keep(request_id, prompt)
 
     def hold(self, request_id: str, tokens: int) -> None:
         self.pool.hold(request_id, tokens)
+
+    def cached_prefix(self, prompt: Sequence[int]) -> int:
+        return self.pool.affinity.remembered(prompt)
 
     def forget(self, request_id: str) -> None:
         self.pool.forget(request_id)

@@ -220,7 +220,8 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             results[i].head_draft.extend(verdict.head_draft)
         seconds = time.perf_counter() - p.start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
-                                      runner.cache.usage, len(self.verifier.seqs))
+                                      runner.cache.usage, len(self.verifier.seqs),
+                                      runner.cache.blocks.prefix)
         resp = verifier_pb2.VerifyResponse(batch_id=batch.batch_id, results=results,
                                            verify_seconds=seconds, free_blocks=blocks.free_blocks,
                                            num_blocks=blocks.num_blocks,

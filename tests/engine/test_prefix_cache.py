@@ -244,3 +244,41 @@ def test_a_drafter_drafts_the_same_with_a_prefix_found_in_its_cache(family_dir: 
     without, _ = run(False)
     assert [t.tokens for t in with_cache] == [t.tokens for t in without]
     assert hits == 2 * 32  # the second and third request find the system prompt's two blocks
+
+
+def test_a_growing_run_takes_the_next_block_when_only_idle_ones_are_left() -> None:
+    """Once every free block is idle, a sequence growing past its last block takes the next
+    one (its keys stay one run, read as a view) if that one was released among the older
+    half; a recently released block keeps its contents."""
+    p = _Pool(8)
+    old, new = p.m.admit("old"), p.m.admit("new")
+    p.write(old, list(range(16)))  # blocks 0-3
+    p.m.publish(old, list(range(17)))
+    p.m.free(old)
+    p.write(new, list(range(100, 116)))  # blocks 4-7
+    p.m.publish(new, list(range(100, 117)))
+    p.m.free(new)  # released after old's: the newer half
+    assert p.m.free_blocks == 8 and p.m.prefix.idle == 8
+    a = p.m.admit("a")
+    p.write(a, [7] * 4)  # the least recently released: old's last block, 3
+    assert p.m.tables[a] == [3]
+    p.write(a, [7] * 4)  # 4 is new's (recent): the next least recent instead, old's 2
+    assert p.m.tables[a] == [3, 2]
+    b = p.m.admit("b")
+    assert p.m.match(b, list(range(100, 117))) == 16  # new's blocks all kept
+    p.check()
+
+
+def test_a_growing_run_stays_contiguous_over_old_idle_blocks() -> None:
+    p = _Pool(12)
+    s1, s2, s3 = p.m.admit("s1"), p.m.admit("s2"), p.m.admit("s3")
+    for s, base in ((s1, 0), (s2, 100), (s3, 200)):  # blocks 0-3, 4-7, 8-11
+        p.write(s, list(range(base, base + 16)))
+        p.m.publish(s, list(range(base, base + 17)))
+    p.m.free(s2)  # released first: the older half
+    p.m.free(s3)
+    p.write(s1, [9] * 4)  # every free block is idle: s1 grows into 4, an old one
+    assert p.m.tables[s1] == [0, 1, 2, 3, 4] and p.m.contiguous(s1) == 0
+    a = p.m.admit("a")
+    assert p.m.match(a, list(range(200, 217))) == 16  # s3's recent blocks all kept
+    p.check()

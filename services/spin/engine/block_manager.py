@@ -127,12 +127,26 @@ class BlockManager:
             raise CacheFull(f"sequence {seq} needs {need} more blocks, {self._num_free} are free")
         table = self.tables[seq]
         for _ in range(need):
-            nxt = table[-1] + 1 if table else -1
-            table.append(nxt if 0 <= nxt < self.num_blocks and self._unused(nxt)
-                         else self._take())
+            nxt = self._next_free(table[-1] + 1) if table else None
+            table.append(nxt if nxt is not None else self._take())
             self._refs[table[-1]] = 1
         self._num_free -= need
         return table[len(table) - need:]
+
+    def _next_free(self, block: int) -> int | None:
+        """``block`` for a run that grows into it (contiguous keys are read as a view), when it
+        is free and holds nothing cached, or, once every free block is idle in the prefix
+        cache, when it is among the older half of those (its contents dropped); else None."""
+        if not 0 <= block < self.num_blocks or self._refs[block]:
+            return None
+        if self._unused(block):
+            return block
+        while self._free_heap and not self._unused(self._free_heap[0]):
+            heapq.heappop(self._free_heap)  # taken or cached since it was pushed
+        if self._free_heap or not self.prefix.old(block):
+            return None
+        self.prefix.forget(block)
+        return block
 
     def _unused(self, block: int) -> bool:
         """Free and holding nothing the prefix cache keeps."""

@@ -40,8 +40,10 @@ class PrefixCache:
         self._by_key: dict[Key, int] = {}
         self._entries: dict[int, _Entry] = {}
         """block -> what it holds (registered blocks only)."""
-        self._idle: OrderedDict[int, None] = OrderedDict()
-        """Registered blocks no sequence holds, least recently released first."""
+        self._idle: OrderedDict[int, int] = OrderedDict()
+        """Registered blocks no sequence holds -> when released (a count of releases), least
+        recently released first."""
+        self._releases = 0
         self.queries = 0
         """Context tokens looked up (``spin:prefix_cache_queries_total``)."""
         self.hits = 0
@@ -91,9 +93,19 @@ class PrefixCache:
     def release(self, block: int) -> bool:
         """The last holder let ``block`` go: True when it stays idle (registered)."""
         if block in self._entries:
-            self._idle[block] = None
+            self._idle[block] = self._releases
+            self._releases += 1
             return True
         return False
+
+    def old(self, block: int) -> bool:
+        """``block`` is idle and was released before the midpoint of the idle blocks' releases
+        (a growing run may take it without dropping what was cached recently)."""
+        stamp = self._idle.get(block)
+        if stamp is None:
+            return False
+        oldest = next(iter(self._idle.values()))
+        return stamp <= (oldest + self._releases) / 2
 
     def hold(self, block: int) -> None:
         """An idle block is attached again."""

@@ -17,6 +17,7 @@ import logging
 
 from transformers import AutoTokenizer
 
+from .engine.suffix_decoding import SuffixStore
 from .engine.translate import Translator
 from .engine.vocab import TokenizerId, identify, incompatibility
 from .obs import metrics
@@ -25,12 +26,13 @@ from .openai_api.chat import ChatTemplate
 from .openai_api.server import HttpConfig, HttpServer
 from .policy.base import FixedPolicy, Policy
 from .router.admission import KVBudget
-from .router.config import RouterConfig
+from .router.config import RouterConfig, SchedulerConfig
 from .router.cost import ReplicaCosts
 from .router.discovery import Endpoints, KubernetesDiscovery
 from .router.frontend import Frontend
 from .router.pool import ReplicaPool
-from .router.proposers import DraftHead, PromptLookup, Proposers
+from .router.proposers import DraftHead, PromptLookup, Proposer, Proposers
+from .router.suffix_proposer import SuffixDecoding
 from .router.scheduler import Scheduler
 from .router.server import GENERATION, GenerationService
 from .router.clients import ServiceDown
@@ -126,6 +128,14 @@ class Replicas:
             await pool.close()
 
 
+def local_proposers(cfg: SchedulerConfig) -> tuple[Proposer, ...]:
+    """The router's model-free proposers that ``cfg`` offers: prompt lookup, suffix decoding
+    (its store shared by every request of this router)."""
+    return (((PromptLookup(),) if cfg.prompt_lookup else ())
+            + ((SuffixDecoding(SuffixStore(cfg.suffix_store_tokens)),) if cfg.suffix_decoding
+               else ()))
+
+
 async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None,
                 tokenizer) -> None:
     replicas = Replicas(cfg, tokenizer)
@@ -140,7 +150,7 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     if heads:
         log.info("the verifier serves draft heads %s", ", ".join(info.heads))
     proposers = Proposers(DrafterClients(replicas.drafters), replicas.translators,
-                          ((PromptLookup(),) if sched_cfg.prompt_lookup else ()) + heads)
+                          local_proposers(sched_cfg) + heads)
     scheduler = Scheduler(sched_cfg, VerifierClient(replicas.verifier), proposers, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store,

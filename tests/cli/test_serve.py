@@ -39,13 +39,14 @@ def test_serve_flags_reach_the_router_child(tmp_path) -> None:
         "--max-queue", "9", "--micro-batches", "2", "--policy", "fixed",
         "--policy-config", '{"score_rounds": 2}', "--drafter", "d=/models/d",
         "--kv-cache-memory", "64MiB", "--no-redis", "--cpus", "split",
-        "--step-trace", "steps.jsonl"]))
+        "--step-trace", "steps.jsonl", "--no-suffix-decoding", "--suffix-store-tokens", "500"]))
     # the router child runs elsewhere: a relative trace path is made absolute here
     assert cfg.router == RouterConfig(default_drafter=None, default_k=3, policy="fixed",
                                       policy_config={"score_rounds": 2},
                                       scheduler=SchedulerConfig(
                                           max_batch=8, max_queue=9, micro_batches=2,
-                                          step_trace=str(Path.cwd() / "steps.jsonl")))
+                                          step_trace=str(Path.cwd() / "steps.jsonl"),
+                                          suffix_decoding=False, suffix_store_tokens=500))
     assert cfg.drafter_models == {"d": "/models/d"} and cfg.runner.kv_cache_memory == 64 << 20
     assert (cfg.redis, cfg.cpus) == (False, "split")
     child = replace(cfg.router, verifier="127.0.0.1:1", tokenizer="/models/t",

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from service_helpers import collect, request, scrape
 
+from spin.engine.model_free import MODEL_FREE
 from spin.serve import Child, spin_argv
 from spin.stats import RedisStatsStore
 from spin.v1 import generation_pb2, generation_pb2_grpc
@@ -76,7 +77,7 @@ def test_every_message_carries_the_step_that_produced_it(serving, mode, drafter,
         assert {st.drafter for st in steps} == {drafter} and {st.k for st in steps} <= {4, 3, 2, 1}
     else:  # the learned policy predicts the steps of requests in mode auto from its cost model
         assert all(st.predicted_step_seconds > 0 for st in steps)
-        assert steps[0].drafter in ("", "prompt-lookup")  # the models score the prompt instead
+        assert steps[0].drafter in ("", *MODEL_FREE)  # the models score the prompt instead
 
 
 def test_seeded_sampling_is_reproducible(serving) -> None:

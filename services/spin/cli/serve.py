@@ -11,7 +11,7 @@ from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..router.config import RouterConfig, SchedulerConfig
 from ..zoo.specs import FAMILY_DIR
 from .flags import fail, model_flags, named_models, policy_overrides, positive, runner_config, size
-from .services import default_drafter
+from .services import default_drafter, suffix_flags
 
 if TYPE_CHECKING:
     from ..serve import ServeConfig
@@ -42,6 +42,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--default-k", type=positive(int), default=4)
     sv.add_argument("--max-batch", type=positive(int), default=32)
     sv.add_argument("--max-queue", type=positive(int), default=256)
+    suffix_flags(sv)
     sv.add_argument("--no-redis", action="store_true", help="keep statistics in the router")
     sv.add_argument("--log-dir", type=Path, help="the services' logs, Redis's data and the "
                     "statistics kept at shutdown (default: build/serve)")
@@ -104,7 +105,9 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                                     micro_batches=args.micro_batches,
                                                     step_trace=(str(Path(args.step_trace).resolve())
                                                                 if args.step_trace else None),
-                                                    verifier_outage_s=args.verifier_outage))
+                                                    verifier_outage_s=args.verifier_outage,
+                                                    suffix_decoding=not args.no_suffix_decoding,
+                                                    suffix_store_tokens=args.suffix_store_tokens))
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if bool(args.tls_cert) != bool(args.tls_key):

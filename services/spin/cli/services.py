@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ..engine.model_free import MODEL_FREE
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import HEAD_WINDOW
 from ..router.config import RouterConfig, SchedulerConfig, from_json
@@ -133,6 +134,7 @@ def add_router(sub: argparse._SubParsersAction) -> None:
                    "`kubectl proxy`'s http://127.0.0.1:8001 (default: in-cluster config)")
     g.add_argument("--no-prompt-lookup", action="store_true",
                    help="do not offer prompt lookup (drafts from the request's own context)")
+    suffix_flags(g)
     g.add_argument("--tokenizer", help="the target's tokenizer: its checkpoint directory or "
                    "Hugging Face name (required without --config)")
     g.add_argument("--drafter", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
@@ -244,7 +246,19 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   verifier_outage_s=args.verifier_outage,
                                   micro_batches=args.micro_batches,
                                   step_trace=args.step_trace,
-                                  prompt_lookup=not args.no_prompt_lookup))
+                                  prompt_lookup=not args.no_prompt_lookup,
+                                  suffix_decoding=not args.no_suffix_decoding,
+                                  suffix_store_tokens=args.suffix_store_tokens))
+
+
+def suffix_flags(g: argparse._ActionsContainer) -> None:
+    """``--no-suffix-decoding`` and ``--suffix-store-tokens`` (``spin router``, ``spin serve``)."""
+    g.add_argument("--no-suffix-decoding", action="store_true",
+                   help="do not offer suffix decoding (drafts from earlier requests' prompts and "
+                   "outputs, kept in a store the router's requests share)")
+    g.add_argument("--suffix-store-tokens", type=positive(int), default=65536, metavar="N",
+                   help="tokens suffix decoding's store keeps (about 0.75 KB each; least "
+                   "recently used requests' texts are evicted past them)")
 
 
 def check_router_config(cfg: RouterConfig) -> None:
@@ -253,9 +267,9 @@ def check_router_config(cfg: RouterConfig) -> None:
     if cfg.kubernetes is None and not cfg.verifier:
         raise ValueError("--verifier HOST:PORT is required (or --discovery kubernetes)")
     default = cfg.default_drafter
-    if cfg.kubernetes is None and default not in (None, PROMPT_LOOKUP, *cfg.drafters):
+    if cfg.kubernetes is None and default not in (None, *MODEL_FREE, *cfg.drafters):
         raise ValueError(f"--default-drafter {default!r} is not one of the drafters "
-                         f"{sorted(cfg.drafters) + [PROMPT_LOOKUP]}")
+                         f"{sorted(cfg.drafters) + sorted(MODEL_FREE)}")
     if not cfg.tokenizer:
         raise ValueError("--tokenizer is required")
     try:

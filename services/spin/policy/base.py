@@ -13,14 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from ..engine.model_free import MODEL_FREE
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..timing.cost_model import CostModel
 from .choice import StepChoice, StepPlan, StepPrediction
 from .loss_guard import StepKind
 from .outcome import StepOutcome
 
-__all__ = ["PROMPT_LOOKUP", "FixedPolicy", "Policy", "RequestView", "StepChoice", "StepPlan",
-           "StepPrediction"]
+__all__ = ["MODEL_FREE", "PROMPT_LOOKUP", "FixedPolicy", "Policy", "RequestView", "StepChoice",
+           "StepPlan", "StepPrediction", "branches", "unmatched"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,23 @@ class RequestView:
     (the router looks before it asks)."""
     lookup_branches: int = 1
     """Continuations prompt lookup found that begin differently (2: it could draft a tree)."""
+    free_branches: tuple[tuple[str, int], ...] = ()
+    """The other model-free drafters' (suffix decoding's): (name, continuations it found that
+    begin differently), 0 = no match (it would draft nothing this step); one not listed is
+    taken to find one continuation."""
+
+
+def branches(r: RequestView, drafter: str) -> int:
+    """Continuations model-free ``drafter`` would draft for ``r`` this step that begin
+    differently (0: none, it is no candidate; 2: it could draft a tree)."""
+    if drafter == PROMPT_LOOKUP:
+        return r.lookup_branches if r.lookup_match else 0
+    return next((n for name, n in r.free_branches if name == drafter), 1)
+
+
+def unmatched(r: RequestView) -> set[str]:
+    """The model-free drafters that would draft nothing for ``r`` this step."""
+    return {d for d in MODEL_FREE if not branches(r, d)}
 
 
 class Policy(Protocol):

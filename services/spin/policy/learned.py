@@ -14,14 +14,15 @@ Per step, for the running batch:
 
 A step in which the bandit's drafter did not speculate (k = 0) still rewards it with the one
 token such a step yields, so the bandit moves on from a drafter that never drafts; such a request
-first tries its next-best drafter through the controller once more. Prompt lookup is no candidate
-in a step in which it would find no match (``RequestView.lookup_match``).
+first tries its next-best drafter through the controller once more. A model-free drafter is no
+candidate in a step in which it would find no match (``base.unmatched``).
 
-**Prompt fit.** At a request's first step prompt lookup drafts, and every model drafter scores
-the prompt during the verification (the target's prefill of it): the agreement ranks the drafters
-(``prompt_fit.py``), so from then on the request's bandit chooses between the best-fitting drafter,
-seeded from what it achieved on earlier requests it fitted, and prompt lookup. The first step
-earns no bandit reward: its time is the target's prefill.
+**Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix
+decoding: ``engine/model_free.py``) draft, and every model drafter scores the prompt during the
+verification (the target's prefill of it): the agreement ranks the drafters (``prompt_fit.py``),
+so from then on the request's bandit chooses between the best-fitting drafter, seeded from what
+it achieved on earlier requests it fitted, and the model-free ones. The first step earns no
+bandit reward: its time is the target's prefill.
 
 **Measured, not only predicted.** Per kind of step (batch size, greedy or sampled), the guard
 compares the tokens per second of steps that speculated with those of plain steps and runs plain
@@ -51,7 +52,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ..timing.cost_model import CostModel
-from .base import PROMPT_LOOKUP, RequestView, StepChoice, StepPlan, StepPrediction
+from .base import (MODEL_FREE, PROMPT_LOOKUP, RequestView, StepChoice, StepPlan,
+                   StepPrediction, unmatched)
 from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
 from .learned_config import LearnedPolicyConfig, learned_config
@@ -156,7 +158,7 @@ class LearnedPolicy:
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True
-            stop = (self.cfg.stop_below if (chosen_k or r.early_stop) and d != PROMPT_LOOKUP
+            stop = (self.cfg.stop_below if (chosen_k or r.early_stop) and d not in MODEL_FREE
                     and not shape else 0.0)
             out.append(StepChoice(d, k, shape, score=score, stop_below=stop)
                        if d is not None and k > 0 else StepChoice(None, score=score))
@@ -177,8 +179,7 @@ class LearnedPolicy:
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
-                c = self._candidates(r, s, available) - (set() if r.lookup_match
-                                                         else {PROMPT_LOOKUP})
+                c = self._candidates(r, s, available) - unmatched(r)
                 c = cands[r.request_id] = c - self.scoring.unaffordable(
                     r, s, c, self.heads, saving, self.scoring_cost)
                 drafters.append(self.selector.choose(r.request_id, c) if c else None)
@@ -186,12 +187,12 @@ class LearnedPolicy:
         return cands, drafters
 
     def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:
-        """The drafters the request's bandit chooses from: prompt lookup while the model drafters
-        score the prompt, then the best-fitting one and prompt lookup (``prompt_fit.py``)."""
+        """The drafters the request's bandit chooses from: the model-free ones while the model
+        drafters score the prompt, then the best-fitting one and those (``prompt_fit.py``)."""
         if not (self.cfg.prompt_fit and self.cfg.score_after):
             return available
-        if r.generated == 0 and PROMPT_LOOKUP in available:
-            return {PROMPT_LOOKUP}
+        if r.generated == 0 and available & MODEL_FREE:
+            return available & MODEL_FREE
         fitting = [d for d in self.fit.fitting(r.request_id) if d in available]
         if not fitting:
             return available
@@ -205,7 +206,7 @@ class LearnedPolicy:
                     w = self.cfg.fit_trials
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
-        return set(fitting) | (available & ({PROMPT_LOOKUP} | self.heads))
+        return set(fitting) | (available & (MODEL_FREE | self.heads))
 
     def _ks(self, requests: list[RequestView], states: list[RequestState],
             drafters: list[str | None], batch: Batch, cands: dict[str, set[str]],

@@ -7,8 +7,9 @@ it) and the step's ``outcome.StepOutcome`` reports how many it got right. The ro
   (``PromptFit.worth_scoring``) prefills the prompt while the target does;
 - **output rounds**, once the request has generated ``score_after`` tokens and then every
   ``score_every``, at most ``score_rounds``: each of its candidates scores its output;
-- **lookup rescoring**, after the first output round (``lookup_rescore``): prompt lookup, free in
-  the router, scores every step's new tokens while another drafter drafts.
+- **lookup rescoring**, after the first output round (``lookup_rescore``): the model-free
+  drafters (prompt lookup, suffix decoding: ``engine/model_free.py``), free in the router, score
+  every step's new tokens while another drafter drafts.
 
 What a score means. With greedy decoding a draft token is accepted exactly when it equals the
 target's token, so agreement on the target's own output *is* the drafter's acceptance rate on this
@@ -50,19 +51,19 @@ but also most at batch 1, where short greedy single streams then measured 0.98x 
 What a catch-up may cost (``unaffordable``). A model drafter that has not seen a request's
 context prefills it on its first call, drafting or scoring alike: the same work, priced the
 same way. So a request may start drafting with such a drafter only while that catch-up's
-predicted seconds are at most its remaining tokens times the saving; prompt lookup and heads
-(inside the verifier) need none. Measured before the rule (``spin bench grid --temperatures 0.8
---repeat-off``, evaluation split, 2-core CPU, step trace): at one sampled request a step in which
-a model drafter first drafted or scored took 37-55 ms against 15 ms for a plain step; 100 of the
-114 such steps of the run came in its first 40 s, and that cell measured 0.90x off against a
-noise floor (off against itself) of 0.975x.
+predicted seconds are at most its remaining tokens times the saving; model-free drafters and
+heads (inside the verifier) need none. Measured before the rule (``spin bench grid
+--temperatures 0.8 --repeat-off``, evaluation split, 2-core CPU, step trace): at one sampled
+request a step in which a model drafter first drafted or scored took 37-55 ms against 15 ms for
+a plain step; 100 of the 114 such steps of the run came in its first 40 s, and that cell
+measured 0.90x off against a noise floor (off against itself) of 0.975x.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PROMPT_LOOKUP, RequestView, StepChoice
+from .base import MODEL_FREE, RequestView, StepChoice
 from .learned_config import LearnedPolicyConfig
 from .prompt_fit import PromptFit
 from .request_state import RequestState
@@ -91,14 +92,13 @@ class ScoringRounds:
         if not cfg.score_after:
             pass
         elif r.generated == 0 and cfg.prompt_fit and r.remaining > cfg.score_after:
-            score = self.fit.worth_scoring(available - {PROMPT_LOOKUP})  # the prompt
+            score = self.fit.worth_scoring(available - MODEL_FREE)  # the prompt
         elif (rounds < cfg.score_rounds and r.generated >= cfg.score_after
               + rounds * (cfg.score_every or cfg.score_after)):
             state.scored = rounds + 1
             score = tuple(sorted(cands))
-        elif (rounds and cfg.lookup_rescore and drafter != PROMPT_LOOKUP
-              and PROMPT_LOOKUP in cands):
-            score = (PROMPT_LOOKUP,)
+        elif rounds and cfg.lookup_rescore and (free := cands & MODEL_FREE - {drafter}):
+            score = tuple(free)  # the model-free candidates: free to score
         return tuple(sorted(score))
 
     def unaffordable(self, r: RequestView, state: RequestState, cands: set[str],
@@ -107,10 +107,10 @@ class ScoringRounds:
         """The model drafters of ``cands`` the request may not start drafting with: those that
         have not seen its context, whose catch-up (the tokens they have not seen, fed like a
         scoring call's) costs more than speculating saves over its remaining tokens (module
-        doc: what a catch-up may cost). Prompt lookup and heads are never among them."""
+        doc: what a catch-up may cost). Model-free drafters and heads are never among them."""
         if not (self.cfg.price_catch_up and saving is not None and cost.steps):
             return set()
-        return {d for d in cands - heads - {PROMPT_LOOKUP}
+        return {d for d in cands - heads - MODEL_FREE
                 if (fed := r.context_len - state.fed.get(d, 0)) > 0
                 and r.remaining * saving < cost.predict(1, fed)}
 
@@ -120,8 +120,8 @@ class ScoringRounds:
         """``score`` less its model drafters' calls when those cost more than speculation can
         return (module doc): ``saving`` is the seconds that speculating saves per token in the
         request's kind of step (None: not measured yet), ``cost`` predicts the calls' seconds.
-        Prompt lookup's score and the request's own drafter's (it drafts anyway) stay."""
-        calls = [n for n in score if n not in (PROMPT_LOOKUP, drafter)]
+        Model-free drafters' scores and the request's own drafter's (it drafts anyway) stay."""
+        calls = [n for n in score if n not in MODEL_FREE and n != drafter]
         if not (self.cfg.price_scoring and calls and saving is not None and cost.steps):
             return score
         fed = sum(r.context_len - state.fed.get(n, 0) for n in calls)
@@ -134,15 +134,15 @@ class ScoringRounds:
              out: list[StepChoice]) -> tuple[int, int]:
         """(calls, tokens fed) of the model drafters scoring beside the verification this step:
         each feeds the tokens its drafter has not seen yet (the whole prompt at a request's first
-        step). Prompt lookup scores in the router before the verification; a request's own
+        step). Model-free drafters score in the router before the verification; a request's own
         drafter drafts instead."""
         calls = tokens = 0
         for r, s, c in zip(requests, states, out):
             for name in c.score:
-                if name != PROMPT_LOOKUP and name != c.drafter:
+                if name not in MODEL_FREE and name != c.drafter:
                     calls += 1
                     tokens += r.context_len - s.fed.get(name, 0)
                     s.fed[name] = r.context_len
-            if c.drafter is not None and c.drafter != PROMPT_LOOKUP:
+            if c.drafter is not None and c.drafter not in MODEL_FREE:
                 s.fed[c.drafter] = r.context_len
         return calls, tokens

@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .base import PROMPT_LOOKUP
+from .base import MODEL_FREE
 from .population import SAMPLED_SUFFIX, PopulationArm, population_entry
 
 Algorithm = Literal["thompson", "ucb", "greedy"]
@@ -58,7 +58,7 @@ class SelectorConfig:
     """Cap on the pseudo-count of a population prior: it weighs at most this many observations."""
     switch_cost_s: float = 0.002
     """Catch-up prefill seconds a drafter pays in a step when it was not the previous drafter."""
-    switch_free: frozenset[str] = frozenset({PROMPT_LOOKUP})
+    switch_free: frozenset[str] = MODEL_FREE
     """Drafters without a KV cache to catch up (model-free): their switch cost is always 0."""
     thompson_scale: float = 0.5
     """Multiplier of the posterior standard deviation Thompson samples with (1 = plain Thompson;

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..engine.model_free import MODEL_FREE
 from .acceptance import AcceptanceTracker
-from .base import RequestView
+from .base import RequestView, branches
 from .tree_shape import Shape, candidates, expected_accepted, fed, nodes
 
 
@@ -84,15 +84,15 @@ def tree_candidates(requests: list[RequestView], drafters: list[str | None], ks:
                     policy_k: list[bool], tracker: AcceptanceTracker, runner_ups: RunnerUps,
                     tree_max_nodes: int) -> list[Candidate]:
     """The requests whose shape is weighed: greedy ones past their first step whose k is the
-    controller's and whose drafter can branch (a draft model, or prompt lookup with two
+    controller's and whose drafter can branch (a draft model, or a model-free drafter with two
     continuations, whose tree has at most 2k nodes)."""
     cands = []
     for i, (r, d, k, chosen_k) in enumerate(zip(requests, drafters, ks, policy_k)):
         if d is None or k < 1 or not (r.greedy and chosen_k and r.generated):
             continue
-        if d == PROMPT_LOOKUP and r.lookup_branches < 2:
+        if d in MODEL_FREE and branches(r, d) < 2:
             continue
-        most = 2 * k if d == PROMPT_LOOKUP else tree_max_nodes
+        most = 2 * k if d in MODEL_FREE else tree_max_nodes
         cands.append(Candidate(i, tracker.get(r.request_id, d), runner_ups.rate(r.request_id, d),
                                k, most))
     return cands
@@ -120,7 +120,7 @@ def choose_shapes(controller, batch, ks: list[int], prefill: int, cands: list[Ca
             if not s:
                 continue
             verify += cost.tree_verify_s * n  # what a tree's mask costs (measured)
-            if d is not None and d != PROMPT_LOOKUP and d in drafts:  # its re-fed nodes
+            if d is not None and d not in MODEL_FREE and d in drafts:  # its re-fed nodes
                 drafts[d] += cost.tree_draft_s.get(d, 0.0) * (fed(s, k) - fed((), k))
         step = controller.step_s(drafts, verify)
         tokens = sum(1.0 + expected_accepted(a, b, s, k) if k > 0 else 1.0

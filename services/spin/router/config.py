@@ -45,6 +45,13 @@ class SchedulerConfig:
     prompt_lookup: bool = True
     """Offer prompt lookup (model-free drafts from the request's own context, computed here in the
     router) to the policy."""
+    suffix_decoding: bool = True
+    """Offer suffix decoding (model-free drafts from earlier requests' prompts and outputs, and
+    the request's own, computed here in the router over one store that all its requests share:
+    ``engine/suffix_decoding.py``) to the policy."""
+    suffix_store_tokens: int = 65536
+    """Tokens suffix decoding's store keeps (about 0.75 KB of the router's memory each); past
+    them the least recently used requests' texts are evicted."""
 
 
 @dataclass

@@ -8,6 +8,9 @@ is this module's business. The kinds:
 
 - ``PromptLookup``: model-free drafts from the request's own context, computed here in the router
   (no round trip; its seconds are the router's);
+- ``SuffixDecoding`` (``suffix_proposer.py``): model-free drafts from every request's prompt and
+  output, in the router too: one bounded store (``engine/suffix_decoding.py``) shared by all the
+  router's requests;
 - ``ModelDrafter``: a draft model served by ``spin drafter`` replicas (``services.Drafter``: a
   ``ReplicaPool`` that records what each replica holds of each request and what it must free);
 - ``TranslatedDrafter``: a draft model with another tokenizer, drafting through token translation
@@ -74,6 +77,9 @@ class Proposer(abc.ABC):
     """Its predictions are in the target's tokens, so it can score a request's context."""
     in_verifier: bool = False
     """It drafts inside the verifier (a draft head: no prompt score, no call of its own)."""
+    model_free: bool = False
+    """It drafts in the router with no model (``engine/model_free.py``): the policy asks it
+    only when it finds a match (``matches``)."""
 
     @property
     @abc.abstractmethod
@@ -88,6 +94,15 @@ class Proposer(abc.ABC):
     async def score(self, group: Group, timeout_s: float) -> Proposals:
         """How well it predicts each request's context since its last score (``Proposals.
         scores``); a drafter keeps the prefill for later drafts."""
+
+    def matches(self, r: RouterRequest) -> int:
+        """Continuations it would draft for ``r`` now that begin differently (0: none, it would
+        draft nothing; a model-free proposer looks, the others answer 1)."""
+        return 1
+
+    def seen(self, r: RouterRequest) -> None:
+        """``r``'s context as it stands (each step, and once more when it finishes): a proposer
+        that learns from every request's text takes in what is new."""
 
     def release(self, request_id: str) -> None:
         """The request is done: forget what is kept for it (freed with the next call)."""
@@ -108,6 +123,7 @@ class PromptLookup(Proposer):
     """Model-free drafts from the request's own context, in the router."""
 
     name = PROMPT_LOOKUP
+    model_free = True
 
     def __init__(self) -> None:
         self._scored: dict[str, int] = {}
@@ -134,6 +150,10 @@ class PromptLookup(Proposer):
             self._scored[r.request_id] = r.context_len
             out.scores[r.request_id] = Score(self.name, *r.lookup_index().score(start))
         return out
+
+    def matches(self, r: RouterRequest) -> int:
+        index = r.lookup_index()
+        return 1 + bool(index.alternative(1)) if index.has_match() else 0
 
     def release(self, request_id: str) -> None:
         self._scored.pop(request_id, None)
@@ -192,7 +212,7 @@ class ModelDrafter(Proposer):
 
     def _task(self, r: RouterRequest, c: StepChoice) -> DraftTask:
         """``r``'s task: the context the replica lacks, and a draft (k > 0) or a score."""
-        keep = self.service.keep(r.request_id)
+        keep = self.service.keep(r.request_id, r.prompt)
         self.service.hold(r.request_id, r.context_len)
         scoring = c.k <= 0 and bool(c.score)
         probs = (r.context_probs_from(keep)
@@ -231,7 +251,7 @@ class TranslatedDrafter(ModelDrafter):
             ctx = self._contexts[r.request_id] = self.translator.context()
             self.service.forget(r.request_id)  # what it holds was not sent in its own tokens
         ctx.extend(r.context_from(ctx.seen))
-        keep, delta = ctx.sync(self.service.keep(r.request_id))
+        keep, delta = ctx.sync(self.service.keep(r.request_id, r.prompt))
         self.service.hold(r.request_id, len(ctx.draft))
         return DraftTask(r.request_id, keep, list(delta), c.k, GREEDY,
                          traceparent=r.traceparent, tracestate=r.tracestate,

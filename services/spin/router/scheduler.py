@@ -98,7 +98,9 @@ class Scheduler:
         """Move waiting requests into the lanes while the batch has room and the verifier's KV
         cache has blocks for their contexts (``admission.py``)."""
         while self.waiting and len(self.running) < self.cfg.max_batch:
-            blocks = self.kv.try_admit(self.waiting[0].context_len, len(self.running))
+            first = self.waiting[0]
+            blocks = self.kv.try_admit(first.context_len, len(self.running),
+                                       self.verifier.cached_prefix(first.prompt))
             if blocks is None:
                 break
             req = self.waiting.popleft()
@@ -136,6 +138,7 @@ class Scheduler:
         self.stream.close(req)
         self.verifier.release([req.request_id])
         for name in list(self.proposers):
+            self.proposers[name].seen(req)  # its last tokens, for a proposer that learns them
             self.proposers[name].release(req.request_id)
         self.policy.release(req.request_id)
         self.accounting.queues(len(self.waiting), len(self.running))
@@ -191,7 +194,7 @@ class Scheduler:
         scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
         tasks = []
         for r in reqs:
-            keep = self.verifier.keep(r.request_id)
+            keep = self.verifier.keep(r.request_id, r.prompt)
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
                                     r.tracestate, r.params.logprobs, asks.get(r.request_id)))
@@ -225,13 +228,15 @@ class Scheduler:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
 
     def _view(self, r: RouterRequest) -> RequestView:
-        """What the policy may know of ``r`` (whether prompt lookup would draft: it looks first)."""
+        """What the policy may know of ``r`` (whether each model-free proposer would draft: they
+        look first)."""
         p = r.params
-        lookup = PROMPT_LOOKUP in self.proposers and r.lookup_index().has_match()
+        free = {n: q.matches(r) for n in self.proposers if (q := self.proposers[n]).model_free}
+        lookup = free.pop(PROMPT_LOOKUP, 0)
         return RequestView(r.request_id, r.context_len, len(r.generated), r.remaining,
                            r.sampling.greedy, p.mode, p.drafter, p.k, p.early_stop,
-                           lookup_match=lookup,
-                           lookup_branches=1 + bool(lookup and r.lookup_index().alternative(1)))
+                           lookup_match=lookup > 0, lookup_branches=max(lookup, 1),
+                           free_branches=tuple(free.items()))
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()

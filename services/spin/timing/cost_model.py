@@ -41,6 +41,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..engine.model_free import MODEL_FREE
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.tree import fed
 
@@ -143,7 +144,8 @@ class CostModel:
     """Per model drafter: (d0, d1, d2, d3, d4) of the draft model, seconds (a 4-tuple means
     d4 = 0)."""
     prompt_lookup_s: float = DEFAULT_PROMPT_LOOKUP_S
-    """Prompt lookup: seconds per speculating request and step."""
+    """Prompt lookup (and every model-free drafter): seconds per speculating request and
+    step."""
     verify_samples: int = 0
     """Verification samples the model was fitted on."""
     draft_samples: dict[str, int] = field(default_factory=dict)
@@ -162,8 +164,8 @@ class CostModel:
     # ---- prediction ----------------------------------------------------------------------------
 
     def has_drafter(self, drafter: str) -> bool:
-        """Whether ``drafter``'s cost is known (prompt lookup always is)."""
-        return drafter == PROMPT_LOOKUP or drafter in self.draft
+        """Whether ``drafter``'s cost is known (a model-free drafter's always is)."""
+        return drafter in MODEL_FREE or drafter in self.draft
 
     def predict_verify(self, batch: int, scored_tokens: int | np.ndarray,
                        context_tokens: int) -> float | np.ndarray:
@@ -185,7 +187,7 @@ class CostModel:
         """(d0, d1, d2, d3, d_req, d4) of the ragged model ``[A>0]·d0 + K·d1 + d2·Σk + d3·Σk·ctx
         + d_req·A + d4·K·log2 A`` (A = #(k>0)); raises ``KeyError`` for a drafter with no fitted
         cost."""
-        if drafter == PROMPT_LOOKUP:
+        if drafter in MODEL_FREE:  # priced as prompt lookup (suffix decoding: as cheap)
             return (0.0, 0.0, 0.0, 0.0, self.prompt_lookup_s, 0.0)
         if drafter not in self.draft:
             raise KeyError(f"no draft cost for drafter {drafter!r}; known: {sorted(self.draft)}")
@@ -239,8 +241,9 @@ class CostModel:
         pl = DEFAULT_PROMPT_LOOKUP_S
         for name, ss in sorted(by_drafter.items()):
             d = np.array([[s.batch, s.k, s.context_tokens, s.seconds] for s in ss], dtype=float)
-            if name == PROMPT_LOOKUP:  # least squares through the origin on the batch size
-                pl = float((d[:, 0] * d[:, 3]).sum() / (d[:, 0] ** 2).sum())
+            if name in MODEL_FREE:  # prompt lookup's: least squares through the origin on the
+                if name == PROMPT_LOOKUP:  # batch size
+                    pl = float((d[:, 0] * d[:, 3]).sum() / (d[:, 0] ** 2).sum())
                 continue
             b, k, ctx = d[:, 0], d[:, 1], d[:, 2]
             feats = np.stack([np.ones_like(k), k, k * b, k * ctx, k * np.log2(b)], axis=1)

@@ -1,0 +1,77 @@
+"""Suffix decoding as a proposer of the router's pool (``proposers.py`` has the interface and
+the other kinds): model-free drafts from every request's prompt and output, computed in the
+router over one bounded store (``engine/suffix_decoding.py``) shared by all its requests."""
+
+from __future__ import annotations
+
+import time
+
+from ..engine.suffix_decoding import SUFFIX_DECODING, SuffixStore
+from ..policy.outcome import Score
+from .proposers import Group, Proposals, Proposer
+from .requests import RouterRequest
+
+
+class SuffixDecoding(Proposer):
+    """Model-free drafts from every request's prompt and output, in the router. The store is
+    shared by all the router's requests: each request's context goes in as it grows (so a
+    request also matches its own earlier text) and stays after it finishes, until the store's
+    token budget evicts it (least recently used first)."""
+
+    name = SUFFIX_DECODING
+    model_free = True
+
+    def __init__(self, store: SuffixStore | None = None) -> None:
+        self.store = store if store is not None else SuffixStore()
+        self._keys: dict[str, tuple[str, int]] = {}
+        """Request id -> (its sequence's key in the store, context tokens taken in); the key
+        is unique per request, so a request id used again starts a sequence of its own."""
+        self._scored: dict[str, int] = {}
+        """Request id -> context tokens it was scored on (each round scores what came since)."""
+        self._serial = 0
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def seen(self, r: RouterRequest) -> None:
+        key, done = self._keys.get(r.request_id, ("", 0))
+        if not key:
+            key, self._serial = f"{self._serial}:{r.request_id}", self._serial + 1
+        if done < r.context_len:
+            self.store.extend(key, r.context_from(done))
+        self._keys[r.request_id] = (key, r.context_len)
+
+    def _tail(self, r: RouterRequest) -> list[int]:
+        """The context's last ``max_match`` tokens (all a lookup reads)."""
+        return r.context_from(max(0, r.context_len - self.store.max_match))
+
+    def matches(self, r: RouterRequest) -> int:
+        self.seen(r)
+        return self.store.branches(self._tail(r))
+
+    async def propose(self, group: Group, timeout_s: float) -> Proposals:
+        out = Proposals()
+        start = time.perf_counter()
+        for r, c in group:
+            self.seen(r)
+            tree = self.store.tree(self._tail(r), c.k, bool(c.branching))
+            if tree is not None:
+                out.trees[r.request_id] = tree
+        out.seconds = time.perf_counter() - start
+        return out
+
+    async def score(self, group: Group, timeout_s: float) -> Proposals:
+        out = Proposals()
+        for r, _ in group:  # like a drafter: only the tokens since the last round
+            self.seen(r)
+            key = self._keys[r.request_id][0]
+            start = max(len(r.prompt), self._scored.get(r.request_id, 0))
+            self._scored[r.request_id] = r.context_len
+            evicted = r.context_len - self.store.length(key)  # not in the store (any more)
+            out.scores[r.request_id] = Score(self.name, *self.store.score(key, start - evicted))
+        return out
+
+    def release(self, request_id: str) -> None:
+        self._keys.pop(request_id, None)  # its text stays in the store
+        self._scored.pop(request_id, None)

@@ -119,29 +119,42 @@ class Proposer(abc.ABC):
         """The verdicts of the requests it proposed for this step (request id -> result)."""
 
 
-class PromptLookup(Proposer):
-    """Model-free drafts from the request's own context, in the router."""
+class ModelFree(Proposer):
+    """A model-free proposer: its drafts are computed here in the router (its seconds are the
+    router's), from text it keeps, with no service to call."""
 
-    name = PROMPT_LOOKUP
     model_free = True
-
-    def __init__(self) -> None:
-        self._scored: dict[str, int] = {}
-        """Request id -> context tokens it was scored on (each round scores what came since)."""
 
     @property
     def available(self) -> bool:
         return True
 
+    @abc.abstractmethod
+    def draft(self, r: RouterRequest, c: StepChoice) -> TokenTree | None:
+        """``r``'s draft for ``c`` (None: no match)."""
+
     async def propose(self, group: Group, timeout_s: float) -> Proposals:
         out = Proposals()
         start = time.perf_counter()
         for r, c in group:
-            tree = lookup_tree(r.lookup_index(), c.k, bool(c.branching))
+            tree = self.draft(r, c)
             if tree is not None:
                 out.trees[r.request_id] = tree
         out.seconds = time.perf_counter() - start
         return out
+
+
+class PromptLookup(ModelFree):
+    """Model-free drafts from the request's own context, in the router."""
+
+    name = PROMPT_LOOKUP
+
+    def __init__(self) -> None:
+        self._scored: dict[str, int] = {}
+        """Request id -> context tokens it was scored on (each round scores what came since)."""
+
+    def draft(self, r: RouterRequest, c: StepChoice) -> TokenTree | None:
+        return lookup_tree(r.lookup_index(), c.k, bool(c.branching))
 
     async def score(self, group: Group, timeout_s: float) -> Proposals:
         out = Proposals()

@@ -4,22 +4,21 @@ router over one bounded store (``engine/suffix_decoding.py``) shared by all its 
 
 from __future__ import annotations
 
-import time
-
 from ..engine.suffix_decoding import SUFFIX_DECODING, SuffixStore
+from ..engine.tree import TokenTree
+from ..policy.base import StepChoice
 from ..policy.outcome import Score
-from .proposers import Group, Proposals, Proposer
+from .proposers import Group, ModelFree, Proposals
 from .requests import RouterRequest
 
 
-class SuffixDecoding(Proposer):
+class SuffixDecoding(ModelFree):
     """Model-free drafts from every request's prompt and output, in the router. The store is
     shared by all the router's requests: each request's context goes in as it grows (so a
     request also matches its own earlier text) and stays after it finishes, until the store's
     token budget evicts it (least recently used first)."""
 
     name = SUFFIX_DECODING
-    model_free = True
 
     def __init__(self, store: SuffixStore | None = None) -> None:
         self.store = store if store is not None else SuffixStore()
@@ -29,10 +28,6 @@ class SuffixDecoding(Proposer):
         self._scored: dict[str, int] = {}
         """Request id -> context tokens it was scored on (each round scores what came since)."""
         self._serial = 0
-
-    @property
-    def available(self) -> bool:
-        return True
 
     def seen(self, r: RouterRequest) -> None:
         key, done = self._keys.get(r.request_id, ("", 0))
@@ -50,16 +45,9 @@ class SuffixDecoding(Proposer):
         self.seen(r)
         return self.store.branches(self._tail(r))
 
-    async def propose(self, group: Group, timeout_s: float) -> Proposals:
-        out = Proposals()
-        start = time.perf_counter()
-        for r, c in group:
-            self.seen(r)
-            tree = self.store.tree(self._tail(r), c.k, bool(c.branching))
-            if tree is not None:
-                out.trees[r.request_id] = tree
-        out.seconds = time.perf_counter() - start
-        return out
+    def draft(self, r: RouterRequest, c: StepChoice) -> TokenTree | None:
+        self.seen(r)
+        return self.store.tree(self._tail(r), c.k, bool(c.branching))
 
     async def score(self, group: Group, timeout_s: float) -> Proposals:
         out = Proposals()

@@ -51,22 +51,25 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
     return load_model(family_dir / "draft-structured")
 
 
-def _embedded(log_dir, heads: dict[str, str] | None = None):
+def _embedded(log_dir, heads: dict[str, str] | None = None, suffix_decoding: bool = True):
     from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
     router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
-                                                    step_trace=str(log_dir / "steps.jsonl")),
+                                                    step_trace=str(log_dir / "steps.jsonl"),
+                                                    suffix_decoding=suffix_decoding),
                           policy_config={"guard": {"enabled": False}, "price_catch_up": False})
     return Embedded(ServeConfig(port=0, log_dir=log_dir, router=router, heads=heads))
 
 
 @pytest.fixture(scope="session")
 def serving_model_drafters(tmp_path_factory: pytest.TempPathFactory):
-    """The embedded deployment without the family's draft head: for tests of how the learned
-    policy picks among the draft models by their prompt fit (a head scores no prompt and is
-    every request's candidate, so it takes steps from them; its own tests use ``serving``)."""
-    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={})
+    """The embedded deployment without the family's draft head and without suffix decoding: for
+    tests of how the learned policy picks among the draft models by their prompt fit (a head
+    scores no prompt and is every request's candidate, and suffix decoding drafts the prompts
+    the tests send again from the outputs before, so both take steps from them; their own
+    tests use ``serving``)."""
+    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={}, suffix_decoding=False)
     emb.start()
     yield emb
     emb.stop()

@@ -35,13 +35,16 @@ def _config(max_seqs: int = SLOTS, **kw) -> RunnerConfig:
 
 @pytest.fixture(scope="module")
 def service() -> DrafterService:
-    return DrafterService("draft-code", PATH, _config())
+    """Without prefix caching: these tests send the same contexts again and count what is
+    computed (``test_a_cached_prefix_is_not_computed_or_scored_again`` has it on)."""
+    return DrafterService("draft-code", PATH, _config(prefix_caching=False))
 
 
 @pytest.fixture(scope="module")
 def reference() -> ModelDrafter:
     """The engine's drafter on the same checkpoint, in its own runner."""
-    return ModelDrafter("ref", ModelRunner(PATH, max_seqs=SLOTS, kv_cache_bytes=KV))
+    return ModelDrafter("ref", ModelRunner(PATH, max_seqs=SLOTS, kv_cache_bytes=KV,
+                                           prefix_caching=False))
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +283,24 @@ def test_score_task_reports_agreement_and_drafts_nothing(service, reference, pro
     # the prefill is kept: a follow-up draft needs only the delta
     (res,) = service.run_batch(_batch(_task("s", len(ctx), (), k=4), batch_id=2)).results
     assert tuple(res.tree.tokens) == _ref(reference, ctx).tokens
+
+
+def test_a_cached_prefix_is_not_computed_or_scored_again(reference, prompts) -> None:
+    """With prefix caching, a second request with the same context attaches the first one's
+    full blocks: it scores only the positions after them, and drafts what a drafter without
+    the cache drafts."""
+    cached = DrafterService("cached", PATH, _config(prefix_caching=True))
+    ctx = prompts[4]  # 48 tokens: two full blocks cached (the last token is always fed)
+    for rid in ("a", "b"):
+        task = _task(rid, 0, ctx, k=0)
+        task.score, task.score_from = True, 10
+        (res,) = cached.run_batch(_batch(task)).results
+        # b: the positions after the first it is fed (whose predicting row is cached)
+        assert res.score_positions == (len(ctx) - 10 if rid == "a" else len(ctx) - 32 - 1)
+        cached.run_batch(drafter_pb2.SpeculateRequest(release=[rid]))
+    (res,) = cached.run_batch(_batch(_task("c", 0, ctx, k=4))).results
+    assert tuple(res.tree.tokens) == _ref(reference, ctx).tokens
+    assert cached.drafter.runner.cache.blocks.prefix.hits == 2 * 32
 
 
 def test_a_sampled_score_task_reports_the_acceptance_estimate(service, reference,

@@ -288,6 +288,7 @@ def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(
     calibrated cost model ranks the fitting drafters by goodput, and one of the code prompts
     fits the prose model best by its prompt), while a broken fit would draft with the wrong
     specialist about as often as with the right one."""
+    from spin.engine.model_free import MODEL_FREE
     from spin.zoo.corpus import heldout_prompts
     from spin.zoo.specs import FAMILY_DIR
 
@@ -302,7 +303,7 @@ def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(
                                                           mode="off", ignore_eos=True))
             assert ids == off
             for d in last.speculation.drafters:
-                if d.drafter != "prompt-lookup":
+                if d.drafter not in MODEL_FREE:
                     steps[d.drafter] = steps.get(d.drafter, 0) + d.steps
         used[domain] = steps
     matched = used["code"].get("draft-code", 0) + used["prose"].get("draft-prose", 0)

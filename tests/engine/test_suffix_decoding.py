@@ -163,3 +163,12 @@ def test_bad_settings_are_refused() -> None:
         SuffixStore(min_match=3, index_ngram=2)
     with pytest.raises(ValueError):
         SuffixStore(max_tokens=0)
+
+
+def test_unscored_tokens_are_stored_and_matched_but_count_as_unpredicted() -> None:
+    store = SuffixStore()
+    store.extend("a", [1, 2, 3, 4, 1, 2, 3, 4], scored=False)
+    assert store.score("a") == (0, 7)  # the repeat would have been predicted
+    assert store.propose([9, 1, 2], 2) == [3, 4]  # indexed as ever
+    store.extend("a", [1, 2, 3])
+    assert store.score("a", start=8) == (3, 3)

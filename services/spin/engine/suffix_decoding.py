@@ -119,9 +119,11 @@ class SuffixStore:
         return len(seq.tokens) if seq is not None else 0
 
     # ---- writing ----------------------------------------------------------------------------
-    def extend(self, key: str, tokens: Iterable[int]) -> None:
+    def extend(self, key: str, tokens: Iterable[int], scored: bool = True) -> None:
         """Append tokens to sequence ``key`` (a new one when absent): it becomes the most
-        recently used; least recently used sequences are evicted past ``max_tokens``."""
+        recently used; least recently used sequences are evicted past ``max_tokens``.
+        ``scored``: record whether the lookup predicted each token (``score``: a lookup per
+        token, ~10 us); else they count as not predicted (a prompt, which nothing scores)."""
         seq = self._seqs.get(key)
         if seq is None:
             seq = self._seqs[key] = _Seq(key, self._next)
@@ -132,7 +134,7 @@ class SuffixStore:
         toks, index, cap = seq.tokens, self._index, self.candidates
         for t in tokens:
             j = len(toks)
-            found = self.match(toks) if j >= self.min_match else None
+            found = self.match(toks) if scored and j >= self.min_match else None
             seq.hits.append(found is not None and self._copy(found.best, 1) == [t])
             for n in range(self.min_match, min(self.index_ngram, j) + 1):
                 occ = index.setdefault(tuple(toks[j - n:j]), [])

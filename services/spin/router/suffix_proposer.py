@@ -33,6 +33,10 @@ class SuffixDecoding(ModelFree):
         key, done = self._keys.get(r.request_id, ("", 0))
         if not key:
             key, self._serial = f"{self._serial}:{r.request_id}", self._serial + 1
+        prompt = len(r.prompt)
+        if done < prompt:  # nothing scores the prompt's positions: no lookup per token
+            self.store.extend(key, r.prompt[done:], scored=False)
+            done = prompt
         if done < r.context_len:
             self.store.extend(key, r.context_from(done))
         self._keys[r.request_id] = (key, r.context_len)

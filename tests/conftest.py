@@ -51,14 +51,16 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
     return load_model(family_dir / "draft-structured")
 
 
-def _embedded(log_dir, heads: dict[str, str] | None = None, suffix_decoding: bool = True):
+def _embedded(log_dir, heads: dict[str, str] | None = None, suffix_decoding: bool = True,
+              **policy: object):
     from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
     router = RouterConfig(scheduler=SchedulerConfig(max_batch=32,
                                                     step_trace=str(log_dir / "steps.jsonl"),
                                                     suffix_decoding=suffix_decoding),
-                          policy_config={"guard": {"enabled": False}, "price_catch_up": False})
+                          policy_config={"guard": {"enabled": False}, "price_catch_up": False,
+                                         **policy})
     return Embedded(ServeConfig(port=0, log_dir=log_dir, router=router, heads=heads))
 
 
@@ -68,8 +70,12 @@ def serving_model_drafters(tmp_path_factory: pytest.TempPathFactory):
     tests of how the learned policy picks among the draft models by their prompt fit (a head
     scores no prompt and is every request's candidate, and suffix decoding drafts the prompts
     the tests send again from the outputs before, so both take steps from them; their own
-    tests use ``serving``)."""
-    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={}, suffix_decoding=False)
+    tests use ``serving``). A request's best-fitting drafter is the one that predicts its prompt
+    best (``fit_rank_margin`` 0): the default ranking adds each drafter's record on earlier
+    requests and its goodput, which follow the step times the machine allows and which requests
+    came first (``tests/policy`` cover that ranking)."""
+    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={}, suffix_decoding=False,
+                    fit_rank_margin=0.0)
     emb.start()
     yield emb
     emb.stop()

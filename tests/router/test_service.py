@@ -283,11 +283,11 @@ def test_two_micro_batches_are_lossless_and_both_step(serving, tmp_path: Path) -
 def test_a_mixed_workload_uses_the_drafter_that_fits_each_domain(
         serving_model_drafters) -> None:
     """Code prompts draft mostly with the code model, prose prompts with the prose model (the
-    learned policy's prompt fit), and every output equals the target decoding alone. Counted
-    over both domains: which drafter one request ends with varies with the step times (the
-    calibrated cost model ranks the fitting drafters by goodput, and one of the code prompts
-    fits the prose model best by its prompt), while a broken fit would draft with the wrong
-    specialist about as often as with the right one."""
+    learned policy's prompt fit, here by prompt agreement alone: the fixture's doc), and every
+    output equals the target decoding alone. Counted over both domains: one of the code prompts
+    fits the prose model best by its prompt, and steps before the prompt scores arrive may go to
+    any drafter, while a broken fit would draft with the wrong specialist about as often as with
+    the right one."""
     from spin.engine.model_free import MODEL_FREE
     from spin.zoo.corpus import heldout_prompts
     from spin.zoo.specs import FAMILY_DIR

@@ -36,6 +36,8 @@ class GenerateArgs:
     tls_ca: str | None = None
     """Connect over TLS, trusting this CA file ('' = the system's roots); None: plaintext."""
     timeout_s: float = 300.0
+    prediction: str = ""
+    """Predicted Outputs: text the output is expected to repeat ('' = none)."""
 
 
 def build_request(a: GenerateArgs) -> generation_pb2.GenerateRequest:
@@ -52,7 +54,8 @@ def build_request(a: GenerateArgs) -> generation_pb2.GenerateRequest:
         spec = generation_pb2.Speculation(mode=generation_pb2.SPECULATION_MODE_DRAFTER,
                                           drafter=a.speculation, k=a.k)
     return generation_pb2.GenerateRequest(prompt=a.prompt, max_tokens=a.max_tokens,
-                                          sampling=sampling, stop=a.stop, speculation=spec)
+                                          sampling=sampling, stop=a.stop, speculation=spec,
+                                          prediction=a.prediction)
 
 
 def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -31,7 +31,9 @@ from .router.cost import ReplicaCosts
 from .router.discovery import Endpoints, KubernetesDiscovery
 from .router.frontend import Frontend
 from .router.pool import ReplicaPool
+from .router.prediction_proposer import PredictedOutputs
 from .router.proposers import DraftHead, PromptLookup, Proposer, Proposers
+from .router.structured import GrammarDrafts
 from .router.suffix_proposer import SuffixDecoding
 from .router.scheduler import Scheduler
 from .router.server import GENERATION, GenerationService
@@ -130,10 +132,13 @@ class Replicas:
 
 def local_proposers(cfg: SchedulerConfig) -> tuple[Proposer, ...]:
     """The router's model-free proposers that ``cfg`` offers: prompt lookup, suffix decoding
-    (its store shared by every request of this router)."""
+    (its store shared by every request of this router), Predicted Outputs (requests with a
+    prediction), the grammar's forced tokens (structured-output requests)."""
     return (((PromptLookup(),) if cfg.prompt_lookup else ())
             + ((SuffixDecoding(SuffixStore(cfg.suffix_store_tokens)),) if cfg.suffix_decoding
-               else ()))
+               else ())
+            + ((PredictedOutputs(),) if cfg.predicted_outputs else ())
+            + ((GrammarDrafts(),) if cfg.grammar_drafts else ()))
 
 
 async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | None,

@@ -420,6 +420,17 @@ def test_prompt_lookup_drafter_in_the_router() -> None:
     assert flag(args, "--default-k") == "3"
 
 
+def test_the_model_free_drafters_are_values() -> None:
+    args = main_container(render_set("default"), "spin-router")["args"]
+    assert "--no-suffix-decoding" not in args and "--no-grammar-drafts" not in args
+    assert flag(args, "--suffix-store-tokens") == "65536"
+    args = main_container(render("--set", "router.suffixDecoding=false", "--set",
+                                 "router.grammarDrafts=false", "--set",
+                                 "router.suffixStoreTokens=4096"), "spin-router")["args"]
+    assert "--no-suffix-decoding" in args and "--no-grammar-drafts" in args
+    assert flag(args, "--suffix-store-tokens") == "4096"
+
+
 # --- probes, resources, security ----------------------------------------------------------------
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

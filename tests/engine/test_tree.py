@@ -34,3 +34,12 @@ def test_malformed_trees_are_refused(tokens, parents) -> None:
 def test_draft_probs_need_one_row_per_node() -> None:
     with pytest.raises(ValueError, match="rows"):
         TokenTree.chain([1, 2], torch.rand(3, 8))
+
+
+def test_a_subtree_keeps_its_nodes_rows_and_runner_ups() -> None:
+    probs = torch.eye(5)
+    tree = TokenTree((1, 2, 3, 4, 0), (-1, 0, 0, 2, -1), probs, second=(9, 8, 7, 6, 5))
+    sub = tree.subtree([0, 2, 3])
+    assert sub.tokens == (1, 3, 4) and sub.parents == (-1, 0, 1)
+    assert torch.equal(sub.draft_probs, probs[[0, 2, 3]]) and sub.second == (9, 7, 6)
+    assert tree.subtree([]) == TokenTree((), ())

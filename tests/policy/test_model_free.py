@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from policy.steps import observe, observe_score, without_guard
+from spin.engine.prediction import PREDICTION
 from spin.engine.suffix_decoding import SUFFIX_DECODING
 from spin.policy.base import MODEL_FREE, PROMPT_LOOKUP, RequestView, branches, unmatched
 from spin.policy.learned import LearnedPolicy, learned_config
@@ -41,7 +42,7 @@ def _view(rid: str, generated: int, lookup: bool = False, suffix: int = 1) -> Re
 
 
 def test_both_are_model_free_and_the_view_says_which_would_draft() -> None:
-    assert MODEL_FREE == {PROMPT_LOOKUP, SUFFIX_DECODING}
+    assert {PROMPT_LOOKUP, SUFFIX_DECODING, PREDICTION} <= MODEL_FREE
     v = _view("r", 3, lookup=False, suffix=2)
     assert (branches(v, PROMPT_LOOKUP), branches(v, SUFFIX_DECODING)) == (0, 2)
     assert unmatched(v) == {PROMPT_LOOKUP}
@@ -84,7 +85,7 @@ def test_both_rescore_for_free_and_need_no_catch_up() -> None:
         got = scoring.scorers(view, s, "draft-code", {"draft-code", *MODEL_FREE}, DRAFTERS)
         assert got == tuple(sorted(MODEL_FREE))  # both, free in the router
         got = scoring.scorers(view, s, SUFFIX_DECODING, {"draft-code", *MODEL_FREE}, DRAFTERS)
-        assert got == (PROMPT_LOOKUP,)  # the one not drafting
+        assert got == tuple(sorted(MODEL_FREE - {SUFFIX_DECODING}))  # those not drafting
         assert scoring.priced(view, s, "draft-code", tuple(sorted(MODEL_FREE)), 1e-9,
                               policy.scoring_cost) == tuple(sorted(MODEL_FREE))
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from .flags import fail, positive
 
@@ -22,6 +23,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                      help="auto (the router's policy), off, or a drafter name")
     gen.add_argument("--k", type=int, default=0, help="k for a named drafter (0 = router's)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--prediction", default="", metavar="TEXT|@FILE",
+                     help="Predicted Outputs: text the output is expected to repeat (@FILE: a "
+                          "file's), drafted from by the `prediction` drafter")
     gen.add_argument("--api-key", default=os.environ.get("SPIN_API_KEY"),
                      help="the router's API key (default: $SPIN_API_KEY)")
     gen.add_argument("--tls-ca", nargs="?", const="", metavar="PEM",
@@ -37,7 +41,13 @@ def _generate(args: argparse.Namespace) -> int:
 
     if not args.prompt:
         return fail("generate", "the prompt is empty")
+    prediction = args.prediction
+    if prediction.startswith("@"):
+        try:
+            prediction = Path(prediction[1:]).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            return fail("generate", f"--prediction {args.prediction}: {e}")
     return generate(GenerateArgs(args.prompt, args.endpoint, args.max_tokens, args.temperature,
                                  args.top_p, args.top_k, args.seed, args.speculation, args.k,
                                  tuple(args.stop), args.steps, api_key=args.api_key,
-                                 tls_ca=args.tls_ca))
+                                 tls_ca=args.tls_ca, prediction=prediction))

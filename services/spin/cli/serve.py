@@ -107,7 +107,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                                                 if args.step_trace else None),
                                                     verifier_outage_s=args.verifier_outage,
                                                     suffix_decoding=not args.no_suffix_decoding,
-                                                    suffix_store_tokens=args.suffix_store_tokens))
+                                                    suffix_store_tokens=args.suffix_store_tokens,
+                                                    grammar_drafts=not args.no_grammar_drafts))
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if bool(args.tls_cert) != bool(args.tls_key):

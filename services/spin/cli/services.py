@@ -248,17 +248,22 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   step_trace=args.step_trace,
                                   prompt_lookup=not args.no_prompt_lookup,
                                   suffix_decoding=not args.no_suffix_decoding,
-                                  suffix_store_tokens=args.suffix_store_tokens))
+                                  suffix_store_tokens=args.suffix_store_tokens,
+                                  grammar_drafts=not args.no_grammar_drafts))
 
 
 def suffix_flags(g: argparse._ActionsContainer) -> None:
-    """``--no-suffix-decoding`` and ``--suffix-store-tokens`` (``spin router``, ``spin serve``)."""
+    """``--no-suffix-decoding``, ``--suffix-store-tokens`` and ``--no-grammar-drafts`` (``spin
+    router``, ``spin serve``)."""
     g.add_argument("--no-suffix-decoding", action="store_true",
                    help="do not offer suffix decoding (drafts from earlier requests' prompts and "
                    "outputs, kept in a store the router's requests share)")
     g.add_argument("--suffix-store-tokens", type=positive(int), default=65536, metavar="N",
                    help="tokens suffix decoding's store keeps (about 0.75 KB each; least "
                    "recently used requests' texts are evicted past them)")
+    g.add_argument("--no-grammar-drafts", action="store_true",
+                   help="do not draft what a structured-output request's grammar forces next "
+                   "(keys, brackets, enum values)")
 
 
 def check_router_config(cfg: RouterConfig) -> None:

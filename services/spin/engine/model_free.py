@@ -9,8 +9,14 @@ this set (``policy/``), and the router knows them as its local proposers
 
 from __future__ import annotations
 
+from .prediction import PREDICTION
 from .prompt_lookup import PROMPT_LOOKUP
 from .suffix_decoding import SUFFIX_DECODING
 
-MODEL_FREE: frozenset[str] = frozenset({PROMPT_LOOKUP, SUFFIX_DECODING})
-"""Prompt lookup (the request's own context) and suffix decoding (earlier requests' too)."""
+GRAMMAR = "grammar"
+"""The drafter of what a structured-output request's grammar forces next (``grammar.py``)."""
+
+MODEL_FREE: frozenset[str] = frozenset({PROMPT_LOOKUP, SUFFIX_DECODING, PREDICTION, GRAMMAR})
+"""Prompt lookup (the request's own context), suffix decoding (earlier requests' too),
+Predicted Outputs (the request's own prediction: ``prediction.py``) and the grammar's forced
+tokens."""

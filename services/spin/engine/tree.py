@@ -101,6 +101,15 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def subtree(self, nodes: list[int]) -> TokenTree:
+        """The tree of ``nodes`` only (ascending, each one's parent among them or -1), with
+        their draft rows and runner-ups."""
+        index = {n: i for i, n in enumerate(nodes)}
+        parents = tuple(-1 if self.parents[n] < 0 else index[self.parents[n]] for n in nodes)
+        probs = self.draft_probs[list(nodes)] if self.draft_probs is not None else None
+        second = tuple(self.second[n] for n in nodes) if self.second else ()
+        return TokenTree(tuple(self.tokens[n] for n in nodes), parents, probs, second)
+
     @property
     def is_chain(self) -> bool:
         return self.parents == tuple(range(-1, len(self.tokens) - 1))

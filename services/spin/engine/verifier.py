@@ -33,6 +33,7 @@ from .model_runner import ForwardItem, ModelRunner
 from .rejection import PendingVerdicts, Verdict, decide_batch
 from .sampling import SamplingParams, seeded_generator
 from .sequences import Sequence, Sequences, step_seed
+from .token_mask import apply_allowed, restrict_draft
 from .tree import TokenTree
 
 Split = Callable[[list[tuple[int, int]]], list[list[int]]]
@@ -58,6 +59,9 @@ class VerifyRequest:
     (``logprobs.py``)."""
     head: HeadAsk | None = None
     """A head's part: its stored draft as this step's tree, a draft for the next step."""
+    allowed: torch.Tensor | None = None
+    """Structured output: [R, W] int32, the tokens the request's grammar allows at each row of
+    ``tree`` (``token_mask.py``; R = len(tree) + 1); None: every token."""
 
 
 HEAD_SEED_OFFSET = 7919
@@ -177,6 +181,8 @@ class Verifier:
                 raise ValueError(f"{r.request_id}: context of {len(s.context)} tokens is full "
                                  f"(max model length {max_len})")
             tree = self._tree(r, s)
+            if r.allowed is not None:  # a draft drawn given the grammar allowed it
+                tree = restrict_draft(tree, r.allowed)
             tree = tree if len(s.context) + len(tree) < max_len else TokenTree((), ())
             steps.append(_Step(r, s, tree))
         runnable = self._fit(steps)
@@ -216,10 +222,16 @@ class Verifier:
             starts.append(len(tail) - 1)  # rows from the last context token on
         logits = self.runner.forward(items, logits_from=starts,
                                      features=self.features)                  # [B, N + 1, V]
+        raw: dict[int, torch.Tensor] = {}
+        for i, st in enumerate(steps):  # structured output: the grammar's rows only
+            if st.request.allowed is not None:
+                if st.request.logprobs is not None:  # reported from the model's own rows
+                    raw[i] = logits[i].clone()
+                apply_allowed(logits[i, :len(st.tree) + 1], st.request.allowed)
         pending = decide_batch(logits, [0] * len(steps), [st.tree for st in steps],
                                [st.request.sampling for st in steps],
                                [self.seqs.generator(st.seq) for st in steps])
-        return _Launched(steps, logits, pending, self.runner.features)
+        return _Launched(steps, logits, pending, self.runner.features, raw)
 
     def _draft(self, steps: list[_Step], verdicts: dict[str, Verdict]) -> None:
         """The heads' drafts for the next step of the requests that asked, into their
@@ -249,7 +261,7 @@ class Verifier:
         for b, (st, verdict) in enumerate(zip(launched.steps, launched.pending.verdicts())):
             if st.request.logprobs is not None:
                 verdict = replace(verdict, logprobs=tuple(emitted_logprobs(
-                    launched.logits[b], verdict, st.request.logprobs)))
+                    launched.raw.get(b, launched.logits[b]), verdict, st.request.logprobs)))
             base = len(st.seq.context)
             if launched.features is not None:  # the committed positions' states, for the heads
                 rows = list(range(st.fed)) + [st.fed + n for n in verdict.accepted]
@@ -271,6 +283,9 @@ class _Launched:
     pending: PendingVerdicts
     features: torch.Tensor | None = None
     """[B, Lq, F] the target's states the heads read (None without heads)."""
+    raw: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Batch row -> its logits [N + 1, V] before the grammar restricted them (structured
+    output with log-probabilities: those report the model's own distribution)."""
 
 
 @dataclass

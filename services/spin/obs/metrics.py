@@ -40,6 +40,10 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 - the cost model against the serving machine (1: as profiled; above 1: slower, e.g. a drafter
   contended by the others; the learned policy plans with these corrections,
   ``policy/calibration.py``): ``max by (part, draft_model) (spin:cost_model_calibration)``
+- structured output's share of the router's step time (the grammar's masks and cut drafts)::
+
+    rate(spin:grammar_seconds_total[5m]) / rate(spin:step_seconds_sum[5m])
+
 - acceptance statistics lost at router shutdowns (Redis down, no ``--stats-spill``):
   ``increase(spin:stats_steps_lost_total[1d])``
 """
@@ -166,6 +170,14 @@ NUM_PREEMPTIONS = Counter("spin:num_preemptions",
                           "recomputed (verifier: the request waits and is verified again, its "
                           "output unchanged; drafter: an idle request's cache, caught up when it "
                           "is drafted again).", ["role", "model"])
+
+
+GRAMMAR_SECONDS = Counter("spin:grammar_seconds",
+                          "Router seconds spent on structured output's grammars: each step's "
+                          "drafts cut and allowed rows computed (router/structured.py).")
+GRAMMAR_STEPS = Counter("spin:grammar_steps",
+                        "Request-steps of structured-output requests (each had its rows "
+                        "computed).")
 
 
 PREFIX_CACHE_QUERIES = Counter("spin:prefix_cache_queries",

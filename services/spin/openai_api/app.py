@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from ..router.frontend import ErrorKind, Frontend, RequestFailed
 from . import protocol as p
 from .chat import ChatTemplate
+from .structured import CallStream, StructuredError, grammar_of, tool_calls
 from .completions import (BadRequest, Choice, check_common, client_request, merged, new_id, now,
                           prompts_of, record, submit_all, usage)
 
@@ -168,10 +169,11 @@ def _completions_route(app: FastAPI, frontend: Frontend, model: str, auth: list)
         try:
             check_common(body)
             prompts = prompts_of(body)
-        except BadRequest as e:
+            grammar = grammar_of(body)
+        except (BadRequest, StructuredError) as e:
             raise APIError(400, str(e), e.param) from None
         reqs = [(i, client_request(f"{rid}-{i * body.n + c}", prompt, body.max_tokens or 16,
-                                   body, c, body.logprobs, _trace(request)))
+                                   body, c, body.logprobs, _trace(request), grammar))
                 for i, prompt in enumerate(prompts) for c in range(body.n)]
         choices = _submit(frontend, reqs, body.user)
         if body.stream:
@@ -204,8 +206,9 @@ def _chat_route(app: FastAPI, frontend: Frontend, chat: ChatTemplate, model: str
         rid = new_id("chatcmpl")
         try:
             check_common(body)
-            ids = frontend.tokenize(chat.render(body.messages))
-        except BadRequest as e:
+            grammar = grammar_of(body)
+            ids = frontend.tokenize(chat.render(body.messages, body.tools))
+        except (BadRequest, StructuredError) as e:
             raise APIError(400, str(e), e.param) from None
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
@@ -213,29 +216,33 @@ def _chat_route(app: FastAPI, frontend: Frontend, chat: ChatTemplate, model: str
         max_tokens = body.max_completion_tokens or body.max_tokens or max(1, room)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         reqs = [(0, client_request(f"{rid}-{c}", ids, max_tokens, body, c, logprobs,
-                                   _trace(request))) for c in range(body.n)]
+                                   _trace(request), grammar)) for c in range(body.n)]
         choices = _submit(frontend, reqs, body.user)
         if body.stream:
             started: set[int] = set()
+            calls = CallStream(body)
 
             def delta(c: Choice, chunk) -> dict:
-                d = {"content": chunk.text}
+                d, finish = calls.delta(c.index, chunk)
                 if c.index not in started:
                     started.add(c.index)
                     d["role"] = "assistant"
-                return {"index": c.index, "delta": d, "finish_reason": chunk.finish,
+                return {"index": c.index, "delta": d, "finish_reason": finish,
                         **_ids(body, chunk.token_ids),
                         "logprobs": _chat_logprobs(tok, chunk.logprobs, chunk.token_ids)}
 
             return _stream(frontend, choices, body, rid, "chat.completion.chunk", delta)
         await _collect(frontend, choices)
+        replies = [("".join(c.text), tool_calls(body, "".join(c.text))) for c in choices]
         return p.ChatCompletionResponse(
             id=rid, created=now(), model=model, usage=usage(choices),
             choices=[p.ChatChoice(index=c.index, **_ids(body, c.token_ids),
-                                  message=p.ChatMessage(content="".join(c.text)),
+                                  message=p.ChatMessage(content=None if calls else text,
+                                                        tool_calls=calls),
                                   logprobs=_chat_logprobs(tok, c.logprobs, c.token_ids)
                                   if logprobs is not None else None,
-                                  finish_reason=c.finish) for c in choices])
+                                  finish_reason="tool_calls" if calls else c.finish)
+                     for c, (text, calls) in zip(choices, replies)])
 
 
 def _submit(frontend: Frontend, reqs: list, user: str | None) -> list[Choice]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jinja2 import TemplateError
 
-from .protocol import Message
+from .protocol import Message, Tool
 
 class ChatTemplate:
     """Renders messages with a tokenizer's chat template (or an override)."""
@@ -28,18 +28,22 @@ class ChatTemplate:
     def available(self) -> bool:
         return bool(self.template)
 
-    def render(self, messages: list[Message]) -> str:
-        """The prompt text for ``messages``, ending where the assistant's reply starts;
-        ValueError when there is no template or it fails on these messages."""
+    def render(self, messages: list[Message], tools: list[Tool] | None = None) -> str:
+        """The prompt text for ``messages`` (and the ``tools`` the reply may call, for a
+        template that shows them), ending where the assistant's reply starts; ValueError when
+        there is no template or it fails on these messages."""
         if not self.template:
             raise ValueError("the served model's tokenizer has no chat template: start the "
                              "router with --chat-template FILE (a Jinja template), or use "
                              "/v1/completions")
-        plain = [{"role": m.role, "content": _text(m)} | ({"name": m.name} if m.name else {})
+        plain = [{"role": m.role, "content": _text(m)}
+                 | {k: v for k, v in (("name", m.name), ("tool_calls", m.tool_calls),
+                                      ("tool_call_id", m.tool_call_id)) if v}
                  for m in messages]
         try:
-            return self.tokenizer.apply_chat_template(plain, chat_template=self.template,
-                                                      tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(
+                plain, chat_template=self.template, tokenize=False, add_generation_prompt=True,
+                tools=[t.model_dump() for t in tools] if tools else None)
         except (TemplateError, ValueError, TypeError, KeyError) as e:
             raise ValueError(f"the chat template failed on these messages: {e}") from None
 

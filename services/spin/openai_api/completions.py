@@ -20,14 +20,15 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..engine.grammar import GrammarSpec
+from ..engine.prediction import PREDICTION
 from ..router.frontend import Frontend, RequestFailed
 from ..router.requests import RouterRequest
 from ..router.streaming import Chunk, SpeculationStats
 from ..router.validation import ClientRequest, SpeculationRequest
 from . import protocol as p
 
-UNSUPPORTED = ("logit_bias", "tools", "tool_choice", "functions", "function_call",
-               "response_format", "audio", "modalities", "prediction")
+UNSUPPORTED = ("logit_bias", "functions", "function_call", "audio", "modalities")
 """Request fields OpenAI has that we refuse (400) rather than silently ignore."""
 
 
@@ -70,6 +71,19 @@ def check_common(body: p.CompletionRequest | p.ChatCompletionRequest) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name):
             raise BadRequest(f"{name} is not supported by this server (only 0)", name)
+    if body.prediction is not None and body.prediction.type != "content":
+        raise BadRequest(f"prediction.type {body.prediction.type!r} is not supported: only "
+                         "'content'", "prediction")
+
+
+def prediction_text(body: p.CompletionRequest | p.ChatCompletionRequest) -> str:
+    """The request's predicted output as one text ('' without one)."""
+    pred = body.prediction
+    if pred is None:
+        return ""
+    if isinstance(pred.content, str):
+        return pred.content
+    return "".join(part.text for part in pred.content)
 
 
 def prompts_of(body: p.CompletionRequest) -> list[str | list[int]]:
@@ -94,9 +108,11 @@ def prompts_of(body: p.CompletionRequest) -> list[str | list[int]]:
 
 def client_request(request_id: str, prompt: str | list[int], max_tokens: int,
                    body: p.CompletionRequest | p.ChatCompletionRequest, choice: int,
-                   logprobs: int | None, trace: tuple[str, str] = ("", "")) -> ClientRequest:
+                   logprobs: int | None, trace: tuple[str, str] = ("", ""),
+                   grammar: GrammarSpec | None = None) -> ClientRequest:
     """One choice as the router's plain request (the router's validation, ``Frontend.submit``,
-    checks it); ``trace``: the call's ``traceparent`` and ``tracestate`` headers."""
+    checks it); ``trace``: the call's ``traceparent`` and ``tracestate`` headers; ``grammar``:
+    the output's (``structured.grammar_of``)."""
     spec = body.speculation or p.SpeculationOptions()
     return ClientRequest(
         prompt=prompt if isinstance(prompt, str) else "",
@@ -106,6 +122,7 @@ def client_request(request_id: str, prompt: str | list[int], max_tokens: int,
         seed=None if body.seed is None else (body.seed + choice) % 2**63,
         stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
         ignore_eos=body.ignore_eos, logprobs=logprobs, request_id=request_id,
+        prediction=prediction_text(body), grammar=grammar,
         speculation=SpeculationRequest(mode=spec.mode, drafter=spec.drafter, k=spec.k,
                                        early_stop=spec.early_stop),
         traceparent=trace[0], tracestate=trace[1])
@@ -178,7 +195,17 @@ def usage(choices: list[Choice]) -> p.Usage:
                       for n, (a, b, c) in sorted(drafters.items())])
     total_prompt = sum(prompts.values())
     return p.Usage(prompt_tokens=total_prompt, completion_tokens=completion,
-                   total_tokens=total_prompt + completion, speculation=spec)
+                   total_tokens=total_prompt + completion,
+                   completion_tokens_details=_prediction_details(stats), speculation=spec)
+
+
+def _prediction_details(stats: list[SpeculationStats]) -> p.CompletionTokensDetails:
+    """The ``prediction`` drafter's tokens the target accepted and rejected, over ``stats``."""
+    mine = [d for s in stats for d in s.drafters if d.drafter == PREDICTION]
+    accepted = sum(d.accepted_tokens for d in mine)
+    return p.CompletionTokensDetails(accepted_prediction_tokens=accepted,
+                                     rejected_prediction_tokens=sum(d.draft_tokens for d in mine)
+                                     - accepted)
 
 
 def record(c: Choice, chunk: Chunk) -> None:

@@ -2,9 +2,20 @@
 
 They are the schema ``/openapi.json`` publishes. Fields follow OpenAI's API reference; the ones
 it has and we do not serve (``echo``, ``best_of``, ``suffix``, ``logit_bias``, non-zero
-penalties, tools) are refused with 400 rather than ignored. Our extension: ``speculation`` on a
+penalties, audio) are refused with 400 rather than ignored. Our extension: ``speculation`` on a
 request (per-request control of the drafter and k, which no other server offers) and
 ``usage.speculation`` on a response (what speculation did for that request).
+
+Predicted Outputs (OpenAI's ``prediction: {"type": "content", "content": TEXT}``, the content a
+string or a list of text parts; on chat and completions alike) are speculation with the client's
+draft: the ``prediction`` drafter drafts the prediction's next tokens where the output stands in
+it (``engine/prediction.py``), and the target verifies them as any drafter's, so a prediction
+never changes the output. The policy picks it per step like any drafter (or a request names it:
+``speculation.drafter: "prediction"``). ``usage.completion_tokens_details`` reports its
+``accepted_prediction_tokens`` and ``rejected_prediction_tokens`` (0 without a prediction).
+
+Structured output (``response_format``) and tool calls (``tools``, ``tool_choice``) constrain
+the output with a grammar under speculation: ``openai_api/structured.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +49,63 @@ class SpeculationOptions(BaseModel):
     early_stop: bool = False
     """With ``k``: a model drafter's chain stops early where the policy's do, so ``k`` is the
     longest chain (as with the policy's k)."""
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(BaseModel):
+    """Predicted Outputs (module docstring): text the output is expected to repeat in large part
+    (a file rewritten with a change)."""
+
+    type: str = "content"
+    """Only "content" is served (anything else: 400)."""
+    content: str | list[ContentPart]
+    """The predicted text, or its text parts (joined)."""
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict | bool = Field(True, alias="schema")
+    """The JSON Schema the output follows (omitted: any JSON value)."""
+    strict: bool | None = None
+    """Accepted for compatibility: the output always follows the schema."""
+
+
+class ResponseFormat(BaseModel):
+    """Structured output (``openai_api/structured.py``): ``text`` (free), ``json_object`` (any
+    JSON object) or ``json_schema`` (``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    """The arguments' JSON Schema (omitted: no arguments, ``{}``)."""
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class StreamOptions(BaseModel):
@@ -74,6 +142,12 @@ class _Sampling(_Request):
     """Do not stop at the end-of-sequence token (an extension, as vLLM's: benchmarks)."""
     return_token_ids: bool = False
     """Also return each choice's token ids (``token_ids``; an extension, as vLLM's)."""
+    response_format: ResponseFormat | None = None
+    """Structured output: the output follows the format (``openai_api/structured.py``; on
+    completions an extension, as vLLM's)."""
+    prediction: Prediction | None = None
+    """Predicted Outputs: drafted from, never changing the output (module docstring); at most
+    262144 characters."""
 
 
 class CompletionRequest(_Sampling):
@@ -90,15 +164,14 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
 
 
-class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
 class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None
+    """An assistant message's calls (passed to the chat template as they are)."""
+    tool_call_id: str | None = None
+    """A tool message's call."""
 
 
 class ChatCompletionRequest(_Sampling):
@@ -110,6 +183,13 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    """Functions the reply may call (rendered into the prompt by the chat template)."""
+    tool_choice: ToolChoice | None = None
+    """none, auto (default with tools: text, or a call when the reply is one), required (one
+    call, its arguments following the function's schema) or a named function."""
+    parallel_tool_calls: bool | None = None
+    """Accepted; a reply calls one function at most."""
 
 
 # ---- responses ------------------------------------------------------------------------------------
@@ -133,10 +213,18 @@ class SpeculationUsage(BaseModel):
     drafters: list[DrafterUsage]
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = 0
+    """Tokens drafted from the prediction that the target accepted."""
+    rejected_prediction_tokens: int = 0
+    """Tokens drafted from the prediction that the target rejected."""
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
     speculation: SpeculationUsage | None = None
 
 
@@ -178,9 +266,23 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -188,7 +290,7 @@ class ChatChoice(BaseModel):
     message: ChatMessage
     token_ids: list[int] | None = None
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletionResponse(BaseModel):

@@ -52,6 +52,12 @@ class SchedulerConfig:
     suffix_store_tokens: int = 65536
     """Tokens suffix decoding's store keeps (about 0.75 KB of the router's memory each); past
     them the least recently used requests' texts are evicted."""
+    grammar_drafts: bool = True
+    """Offer the grammar's forced tokens as drafts (``router/structured.py``) to the policy; it
+    drafts only for structured-output requests, where their grammar allows one continuation."""
+    predicted_outputs: bool = True
+    """Offer Predicted Outputs (model-free drafts from a request's own ``prediction``:
+    ``engine/prediction.py``) to the policy; it drafts only for requests that carry one."""
 
 
 @dataclass

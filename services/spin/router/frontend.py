@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from opentelemetry import context as otel_context
 
+from ..engine.grammar import GrammarCompiler
 from ..obs import metrics, tracing
 from .requests import RouterRequest
 from .scheduler import QueueFull, Scheduler
@@ -68,6 +69,15 @@ class Frontend:
         """Token ids a prompt may hold are below it."""
         self.requests: dict[str, RouterRequest] = {}
         """Request id -> the request last submitted with it."""
+        self._grammars: GrammarCompiler | None = None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output grammars, compiled for the target's tokenizer (built at the
+        first request with a grammar)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
+        return self._grammars
 
     @property
     def drafter_names(self) -> set[str]:
@@ -85,6 +95,8 @@ class Frontend:
             req = validate(request, self.tokenize, self.max_context, self.vocab_size,
                            lambda: self.drafter_names)
             self._check_id_free(req.request_id)
+            if req.params.grammar is not None:  # GrammarError (a ValueError) says why not
+                req.constraint = self.grammars.constraint(req.params.grammar)
         except ValueError as e:
             raise self.refuse(ErrorKind.INVALID_ARGUMENT, str(e)) from None
         try:

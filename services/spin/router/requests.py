@@ -15,6 +15,7 @@ from ..engine.prompt_lookup import PromptLookupIndex
 from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from ..engine.grammar import Constraint, GrammarSpec
     from ..obs.tracing import RequestTrace
 
 
@@ -55,6 +56,12 @@ class RequestParams:
     logprobs: int | None = None
     """Return the target's log-probabilities of the generated tokens and this many alternatives
     each (None: none)."""
+    grammar: GrammarSpec | None = None
+    """Structured output: the grammar the output follows (``engine/grammar.py``); None: free
+    text."""
+    prediction: tuple[int, ...] = ()
+    """Predicted Outputs: the token ids of the text the output is expected to repeat in large
+    part, drafted from by the ``prediction`` drafter (never changes the output); () = none."""
 
 
 @dataclass
@@ -118,6 +125,9 @@ class RouterRequest:
     trace: RequestTrace | None = None
     """Spans of a sampled request (``obs/tracing.py``); None when not traced."""
     tally: RequestTally = field(default_factory=RequestTally)
+    constraint: Constraint | None = None
+    """Structured output: the matcher of the request's grammar (``engine/grammar.py``), which
+    every step's draft and verification follow; None: free text."""
 
     @property
     def request_id(self) -> str:

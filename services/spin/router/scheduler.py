@@ -44,6 +44,7 @@ from .proposers import Group, Proposals, Proposer
 from .requests import RequestStatus, RouterRequest
 from .services import ServiceDown, Verifier, VerifyReply, VerifyResult, VerifyTask
 from .step_trace import StepTrace
+from .structured import constrain
 from .streaming import ErrorCode, Streamer
 
 log = logging.getLogger(__name__)
@@ -192,12 +193,14 @@ class Scheduler:
         t1 = time.perf_counter()
         # scoring calls do not feed this step's trees: they run while the verifier works
         scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
+        allowed = constrain(reqs, trees, asks)  # structured output: the grammar's rows
         tasks = []
         for r in reqs:
             keep = self.verifier.keep(r.request_id, r.prompt)
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
-                                    r.tracestate, r.params.logprobs, asks.get(r.request_id)))
+                                    r.tracestate, r.params.logprobs, asks.get(r.request_id),
+                                    allowed.get(r.request_id)))
         reply: VerifyReply | None = None
         try:
             reply = await self.verifier.verify(tasks, self.cfg.verify_timeout_s)

@@ -17,6 +17,7 @@ import contextlib
 import grpc
 from google.protobuf.message import Message
 
+from ..engine.grammar import GrammarSpec
 from ..rpc.convert import logprobs_to_proto
 from ..v1 import generation_pb2, generation_pb2_grpc
 from .frontend import ErrorKind, Frontend, RequestFailed
@@ -95,7 +96,10 @@ def client_request(msg: generation_pb2.GenerateRequest) -> ClientRequest:
         ignore_eos=msg.ignore_eos,
         speculation=SpeculationRequest(mode=MODES[spec.mode], drafter=spec.drafter, k=spec.k,
                                        early_stop=spec.early_stop),
-        logprobs=msg.logprobs if msg.HasField("logprobs") else None, request_id=msg.request_id)
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None, request_id=msg.request_id,
+        prediction=msg.prediction,
+        grammar=GrammarSpec(msg.grammar.kind, msg.grammar.source)  # type: ignore[arg-type]
+        if msg.HasField("grammar") else None)
 
 
 def response(c: Chunk) -> generation_pb2.GenerateResponse:
@@ -114,6 +118,8 @@ def response(c: Chunk) -> generation_pb2.GenerateResponse:
     if c.usage is not None:
         msg.usage.prompt_tokens = c.usage.prompt_tokens
         msg.usage.completion_tokens = c.usage.completion_tokens
+        msg.usage.accepted_prediction_tokens = c.usage.accepted_prediction_tokens
+        msg.usage.rejected_prediction_tokens = c.usage.rejected_prediction_tokens
     if c.speculation is not None:
         s, spec = msg.speculation, c.speculation
         s.steps, s.steps_without_speculation = spec.steps, spec.steps_without_speculation

@@ -18,6 +18,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
+from ..engine import token_mask
 from ..engine.head_runner import HeadAsk
 from ..engine.sampling import SamplingParams
 from ..engine.tree import TokenTree
@@ -106,6 +109,9 @@ class VerifyTask:
     """Log-probabilities to return (``engine/logprobs.py``; None: none)."""
     head: HeadAsk | None = None
     """A draft head's part (its stored draft as the tree, a draft for the next step)."""
+    allowed: torch.Tensor | None = None
+    """Structured output: [len(tree) + 1, W] int32, the tokens the grammar allows at each row
+    (``engine/token_mask.py``); None: every token."""
 
 
 @dataclass
@@ -299,7 +305,11 @@ def _verify_task(t: VerifyTask) -> verifier_pb2.VerifyTask:
                                    logprobs=t.logprobs,
                                    head=verifier_pb2.HeadAsk(name=t.head.name, k=t.head.k,
                                                              stored=t.head.stored)
-                                   if t.head is not None else None)
+                                   if t.head is not None else None,
+                                   allowed=verifier_pb2.TokenMask(
+                                       bits=token_mask.to_bytes(t.allowed),
+                                       words_per_row=t.allowed.shape[1])
+                                   if t.allowed is not None else None)
 
 
 def _draft_task(t: DraftTask) -> drafter_pb2.DraftTask:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..engine.logprobs import TokenLogprobs
+from ..engine.prediction import PREDICTION
 from .accounting import StepInfo
 from .requests import RouterRequest, TextStream
 
@@ -35,6 +36,10 @@ class RequestError:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    accepted_prediction_tokens: int = 0
+    """Predicted Outputs: draft tokens of the ``prediction`` drafter the target accepted."""
+    rejected_prediction_tokens: int = 0
+    """And those it rejected (0 without a prediction)."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +111,19 @@ class Streamer:
         the chunk sent (``finish`` set when the request is done: the caller finishes it)."""
         start = len(r.generated)
         finish: FinishReason | None = None
+        grammar = r.constraint
         for tok in tokens:
+            if grammar is not None and grammar.advance([tok]) != 1:
+                finish = "stop"  # complete (the end-of-sequence token is all that may follow)
+                break
             r.generated.append(tok)
             if len(r.generated) >= r.params.max_tokens:
                 finish = "length"
                 break
             if tok == self.eos_id and not r.params.ignore_eos:
+                finish = "stop"
+                break
+            if grammar is not None and grammar.done:
                 finish = "stop"
                 break
         text, hit = self._text[r.request_id].push(r.generated, final=finish is not None)
@@ -120,11 +132,19 @@ class Streamer:
         done = finish is not None
         emitted = r.generated[start:]
         chunk = Chunk(r.request_id, emitted, text, step, finish,
-                      Usage(len(r.prompt), len(r.generated)) if done else None,
+                      _usage(r) if done else None,
                       _speculation(r) if done else None,
                       logprobs[:len(emitted)] if logprobs is not None else None)
         r.out.put_nowait(chunk)
         return chunk
+
+
+def _usage(r: RouterRequest) -> Usage:
+    """``r``'s token counts, and what its prediction's drafts got accepted and rejected."""
+    pred = r.tally.drafters.get(PREDICTION)
+    accepted = pred.accepted_tokens if pred is not None else 0
+    rejected = pred.draft_tokens - accepted if pred is not None else 0
+    return Usage(len(r.prompt), len(r.generated), accepted, rejected)
 
 
 def _speculation(r: RouterRequest) -> SpeculationStats:

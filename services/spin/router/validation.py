@@ -17,7 +17,10 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from ..engine.grammar import GrammarSpec
 from ..engine.logprobs import MAX_LOGPROBS
+from ..engine.model_free import GRAMMAR
+from ..engine.prediction import PREDICTION
 from ..engine.sampling import SamplingParams
 from .requests import RequestParams, RouterRequest
 
@@ -32,6 +35,8 @@ MAX_DRAFTER_NAME_CHARS = 128
 MAX_K = 16
 """Largest client-chosen ``speculation.k`` (the learned policy's own choices stop at 16 too,
 ``policy/goodput.py``'s ``k_max``); larger is refused, not capped."""
+MAX_PREDICTION_CHARS = 262144
+"""Longest ``prediction`` (Predicted Outputs' text); longer is refused, not cut."""
 PROMPT_CHARS_PER_TOKEN = 64
 """A ``prompt`` longer than this many characters per token of the target's context cannot fit
 whatever it tokenizes to, and is refused before it is tokenized."""
@@ -85,6 +90,9 @@ class ClientRequest:
     """How the request speculates."""
     logprobs: int | None = None
     """Return each emitted token's log-probability and this many alternatives (None: no)."""
+    prediction: str = ""
+    """Predicted Outputs: text the output is expected to repeat in large part, tokenized by the
+    router and drafted from (never changes the output); '' = none."""
     request_id: str = ""
     """The client's id for the request ('': the router assigns one)."""
     traceparent: str = ""
@@ -92,6 +100,8 @@ class ClientRequest:
     '': the trace goes on from the current context (the gRPC server span)."""
     tracestate: str = ""
     """The ``tracestate`` that goes with ``traceparent``."""
+    grammar: GrammarSpec | None = None
+    """Structured output: the grammar every generated token follows (None: free text)."""
 
 
 def check_text(value: str, field: str, limit: int) -> None:
@@ -174,6 +184,21 @@ def prompt_ids(req: ClientRequest, tokenize: Tokenize, max_context: int,
     return ids
 
 
+def prediction_ids(text: str, tokenize: Tokenize, vocab_size: int) -> tuple[int, ...]:
+    """The prediction's token ids (() for none), checked to be at most ``MAX_PREDICTION_CHARS``
+    characters that tokenize within the vocabulary."""
+    if not text:
+        return ()
+    check_text(text, "prediction", MAX_PREDICTION_CHARS)
+    try:
+        ids = tuple(int(t) for t in tokenize(text))
+    except Exception as e:  # noqa: BLE001 - whatever the tokenizer makes of odd text
+        raise ValueError(f"prediction cannot be tokenized: {e!r}") from None
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"prediction tokenizes to ids outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
 def validate(req: ClientRequest, tokenize: Tokenize, max_context: int, vocab_size: int,
              drafter_names: Callable[[], Collection[str]]) -> RouterRequest:
     """The request as the scheduler takes it; ValueError names what is wrong (and nothing else
@@ -194,8 +219,18 @@ def validate(req: ClientRequest, tokenize: Tokenize, max_context: int, vocab_siz
                          f"{sorted(known)}")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}")
+    if req.grammar is not None:
+        req.grammar.check()
+    elif spec.mode == "drafter" and spec.drafter == GRAMMAR:
+        raise ValueError(f"speculation.drafter {GRAMMAR!r} drafts what the request's grammar "
+                         "forces, and the request has none")
+    prediction = prediction_ids(req.prediction, tokenize, vocab_size)
+    if spec.mode == "drafter" and spec.drafter == PREDICTION and not prediction:
+        raise ValueError(f"speculation.drafter {PREDICTION!r} drafts from the request's "
+                         "prediction, and the request has none")
     return RouterRequest(RequestParams(
         request_id=req.request_id or uuid.uuid4().hex, prompt=ids, max_tokens=req.max_tokens,
         sampling=sampling, stop=tuple(req.stop), ignore_eos=req.ignore_eos, mode=spec.mode,
         drafter=spec.drafter if spec.mode == "drafter" else None, k=spec.k,
-        early_stop=spec.early_stop, logprobs=req.logprobs))
+        early_stop=spec.early_stop, logprobs=req.logprobs, prediction=prediction,
+        grammar=req.grammar))

@@ -135,6 +135,16 @@ def tree_from_wire(msg: token_tree_pb2.TokenTree) -> TokenTree:
     return ReceivedTree(tuple(msg.tokens), tuple(msg.parents), second=second, message=msg)
 
 
+def subtree(tree: TokenTree, nodes: list[int]) -> TokenTree:
+    """``tree.subtree(nodes)``, a received tree's probability rows kept as they came."""
+    if not isinstance(tree, ReceivedTree) or tree.message is None:
+        return tree.subtree(nodes)
+    cut = tree.subtree(nodes)
+    msg = token_tree_pb2.TokenTree(tokens=cut.tokens, parents=cut.parents, second=cut.second)
+    msg.probs.extend(tree.message.probs[n] for n in nodes)
+    return ReceivedTree(cut.tokens, cut.parents, second=cut.second, message=msg)
+
+
 def tree_to_wire(tree: TokenTree) -> token_tree_pb2.TokenTree:
     """The message for a tree the router sends on: a received tree's own message (its rows as
     they came), any other tree converted (``tree_to_proto``)."""

@@ -25,31 +25,33 @@ _sym_db = _symbol_database.Default()
 from spin.v1 import sampling_pb2 as spin_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/generation.proto\x12\x07spin.v1\x1a\x16spin/v1/sampling.proto\"e\n\x0bSpeculation\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.spin.v1.SpeculationMode\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\x05\x12\x12\n\nearly_stop\x18\x04 \x01(\x08\"\xff\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12)\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x14.spin.v1.Speculation\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_logprobs\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"]\n\x0c\x44rafterUsage\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\"\xa9\x01\n\x10SpeculationStats\x12\r\n\x05steps\x18\x01 \x01(\x05\x12!\n\x19steps_without_speculation\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\x12\x0b\n\x03tau\x18\x05 \x01(\x02\x12\'\n\x08\x64rafters\x18\x06 \x03(\x0b\x32\x15.spin.v1.DrafterUsage\"\x9f\x01\n\x08StepInfo\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x02\x12\x1e\n\x16predicted_step_seconds\x18\x06 \x01(\x02\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"\x8f\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12,\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x15.spin.v1.FinishReason\x12\x1d\n\x05usage\x18\x05 \x01(\x0b\x32\x0e.spin.v1.Usage\x12.\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x19.spin.v1.SpeculationStats\x12\x1f\n\x04step\x18\x07 \x01(\x0b\x32\x11.spin.v1.StepInfo\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.spin.v1.TokenLogprobs*\x86\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x02\x12\x1c\n\x18SPECULATION_MODE_DRAFTER\x10\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x32O\n\nGeneration\x12\x41\n\x08Generate\x12\x18.spin.v1.GenerateRequest\x1a\x19.spin.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18spin/v1/generation.proto\x12\x07spin.v1\x1a\x16spin/v1/sampling.proto\"e\n\x0bSpeculation\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.spin.v1.SpeculationMode\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\x05\x12\x12\n\nearly_stop\x18\x04 \x01(\x08\"\xb6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12)\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x14.spin.v1.Speculation\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x00\x88\x01\x01\x12!\n\x07grammar\x18\n \x01(\x0b\x32\x10.spin.v1.Grammar\x12\x12\n\nprediction\x18\x0b \x01(\tB\x0b\n\t_logprobs\"\'\n\x07Grammar\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\"\x81\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\"\n\x1a\x61\x63\x63\x65pted_prediction_tokens\x18\x03 \x01(\x05\x12\"\n\x1arejected_prediction_tokens\x18\x04 \x01(\x05\"]\n\x0c\x44rafterUsage\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\"\xa9\x01\n\x10SpeculationStats\x12\r\n\x05steps\x18\x01 \x01(\x05\x12!\n\x19steps_without_speculation\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\x12\x0b\n\x03tau\x18\x05 \x01(\x02\x12\'\n\x08\x64rafters\x18\x06 \x03(\x0b\x32\x15.spin.v1.DrafterUsage\"\x9f\x01\n\x08StepInfo\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x02\x12\x1e\n\x16predicted_step_seconds\x18\x06 \x01(\x02\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"\x8f\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12,\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x15.spin.v1.FinishReason\x12\x1d\n\x05usage\x18\x05 \x01(\x0b\x32\x0e.spin.v1.Usage\x12.\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x19.spin.v1.SpeculationStats\x12\x1f\n\x04step\x18\x07 \x01(\x0b\x32\x11.spin.v1.StepInfo\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.spin.v1.TokenLogprobs*\x86\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x02\x12\x1c\n\x18SPECULATION_MODE_DRAFTER\x10\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x32O\n\nGeneration\x12\x41\n\x08Generate\x12\x18.spin.v1.GenerateRequest\x1a\x19.spin.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spin.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATIONMODE']._serialized_start=1185
-  _globals['_SPECULATIONMODE']._serialized_end=1319
-  _globals['_FINISHREASON']._serialized_start=1321
-  _globals['_FINISHREASON']._serialized_end=1416
+  _globals['_SPECULATIONMODE']._serialized_start=1354
+  _globals['_SPECULATIONMODE']._serialized_end=1488
+  _globals['_FINISHREASON']._serialized_start=1490
+  _globals['_FINISHREASON']._serialized_end=1585
   _globals['_SPECULATION']._serialized_start=61
   _globals['_SPECULATION']._serialized_end=162
   _globals['_GENERATEREQUEST']._serialized_start=165
-  _globals['_GENERATEREQUEST']._serialized_end=420
-  _globals['_USAGE']._serialized_start=422
-  _globals['_USAGE']._serialized_end=479
-  _globals['_DRAFTERUSAGE']._serialized_start=481
-  _globals['_DRAFTERUSAGE']._serialized_end=574
-  _globals['_SPECULATIONSTATS']._serialized_start=577
-  _globals['_SPECULATIONSTATS']._serialized_end=746
-  _globals['_STEPINFO']._serialized_start=749
-  _globals['_STEPINFO']._serialized_end=908
-  _globals['_GENERATERESPONSE']._serialized_start=911
-  _globals['_GENERATERESPONSE']._serialized_end=1182
-  _globals['_GENERATION']._serialized_start=1418
-  _globals['_GENERATION']._serialized_end=1497
+  _globals['_GENERATEREQUEST']._serialized_end=475
+  _globals['_GRAMMAR']._serialized_start=477
+  _globals['_GRAMMAR']._serialized_end=516
+  _globals['_USAGE']._serialized_start=519
+  _globals['_USAGE']._serialized_end=648
+  _globals['_DRAFTERUSAGE']._serialized_start=650
+  _globals['_DRAFTERUSAGE']._serialized_end=743
+  _globals['_SPECULATIONSTATS']._serialized_start=746
+  _globals['_SPECULATIONSTATS']._serialized_end=915
+  _globals['_STEPINFO']._serialized_start=918
+  _globals['_STEPINFO']._serialized_end=1077
+  _globals['_GENERATERESPONSE']._serialized_start=1080
+  _globals['_GENERATERESPONSE']._serialized_end=1351
+  _globals['_GENERATION']._serialized_start=1587
+  _globals['_GENERATION']._serialized_end=1666
 # @@protoc_insertion_point(module_scope)

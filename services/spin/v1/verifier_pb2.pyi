@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs", "head")
+    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs", "head", "allowed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class VerifyTask(_message.Message):
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -29,7 +30,16 @@ class VerifyTask(_message.Message):
     tracestate: str
     logprobs: int
     head: HeadAsk
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ..., head: _Optional[_Union[HeadAsk, _Mapping]] = ...) -> None: ...
+    allowed: TokenMask
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ..., head: _Optional[_Union[HeadAsk, _Mapping]] = ..., allowed: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
+
+class TokenMask(_message.Message):
+    __slots__ = ("bits", "words_per_row")
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    WORDS_PER_ROW_FIELD_NUMBER: _ClassVar[int]
+    bits: bytes
+    words_per_row: int
+    def __init__(self, bits: _Optional[bytes] = ..., words_per_row: _Optional[int] = ...) -> None: ...
 
 class HeadAsk(_message.Message):
     __slots__ = ("name", "k", "stored")

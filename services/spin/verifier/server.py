@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import torch
 
 from ..engine.eagle import EagleHead
 from ..engine.head_runner import HeadAsk
 from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.model_runner import RunnerConfig, describe
+from ..engine import token_mask
 from ..engine.tree import TokenTree
 from ..engine.verifier import HEAD_WINDOW, PendingStep, Verifier, VerifyRequest
 from ..engine.vocab import load_identity
@@ -175,7 +177,8 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
                                                          tree, sampling, keep=task.keep,
                                                          logprobs=logprobs,
-                                                         head=self._head_ask(task, tree))))
+                                                         head=self._head_ask(task, tree),
+                                                         allowed=_allowed(task, len(tree)))))
         split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
         step = self.verifier.start([r for _, r in work], split)
         pending = _PendingBatch(self, batch, ids, start, start_ns, work, results, split, step)
@@ -297,3 +300,19 @@ def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
     # requests that do not parse end their stream INVALID_ARGUMENT (rpc/decode.py)
     asyncio.run(serve(cfg, lambda s: add_servicer(service, service_descriptor, s),
                       on_ready=announce("verifier")))
+
+
+def _allowed(task: verifier_pb2.VerifyTask, nodes: int) -> torch.Tensor | None:
+    """The task's grammar rows ([nodes + 1, W] int32; None when unset), ``BatchRejected``
+    when they are not one row per tree row."""
+    if not task.HasField("allowed"):
+        return None
+    try:
+        words = token_mask.from_bytes(task.allowed.bits, task.allowed.words_per_row)
+    except ValueError as e:
+        raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT, f"{task.request_id}: {e}") from e
+    if words.shape[0] != nodes + 1:
+        raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{task.request_id}: the token mask has {words.shape[0]} rows for "
+                            f"a tree of {nodes} nodes (one per node and one after the context)")
+    return words

@@ -24,9 +24,8 @@ from pathlib import Path
 
 from spin.zoo.specs import FAMILY_DIR
 
-from .datasets import read_prompts
+from .datasets import DEFAULT_SOURCE, read_prompts
 
-DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "benchmarks/datasets/unseen-long.jsonl"
 
 
 @dataclass(frozen=True)

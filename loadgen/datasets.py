@@ -19,6 +19,10 @@ from pathlib import Path
 
 Render = Callable[[list[dict]], str]
 """Chat messages -> prompt text."""
+DEFAULT_SOURCE = (Path(__file__).resolve().parents[1] / "benchmarks" / "datasets"
+                  / "unseen-long.jsonl")
+"""Text from outside the demo corpus, split into tuning and evaluation halves (``spin bench
+dataset``): what the chat, edit and schema workloads are built from."""
 
 
 def read_prompts(path: Path, render: Render | None = None) -> list[dict[str, str]]:

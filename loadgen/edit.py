@@ -27,11 +27,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .datasets import DEFAULT_SOURCE
 from .workload import Request
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SOURCE = REPO_ROOT / "benchmarks" / "datasets" / "unseen-long.jsonl"
-"""Text from outside the demo corpus (``spin bench dataset``)."""
 WORD = re.compile(r"[A-Za-z]{3,}")
 """What an edit may replace: a word of three letters or more."""
 

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .edit import DEFAULT_SOURCE
+from .datasets import DEFAULT_SOURCE
 
 
 def _obj(props: dict, required: list[str] | None = None) -> dict:

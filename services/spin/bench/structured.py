@@ -5,9 +5,11 @@ Two ``spin serve`` deployments of the demo family, the same in all but one setti
 offers the grammar's forced tokens as drafts to the learned policy (the default), **without**
 does not (``SchedulerConfig.grammar_drafts``); both constrain every request to its schema. Each
 cell (a concurrency x a temperature) sends its own requests (none seen before: suffix decoding
-would draft a request sent again from its first output) to *with* and *without* (which goes
-first alternates from cell to cell, so both see the same machine), then with speculation off to
-*without*, the constrained reference. Both are warmed on the tuning split's texts. A concurrency of c keeps c requests in flight (a closed
+would draft a request sent again from its first output, and a prompt sent again would be
+prefilled from the prefix cache) to *with* and *without* (which goes first alternates from cell
+to cell, so both see the same machine), then with speculation off to a third deployment like
+*without*, the constrained reference: each deployment sees each prompt once. All three are
+warmed on the tuning split's texts. A concurrency of c keeps c requests in flight (a closed
 loop); its tokens per second are all tokens over the wall seconds of the whole set.
 
 Reported per cell: tokens per second of each, with / without and both against off, the grammar
@@ -41,7 +43,7 @@ from ..v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from ..zoo.specs import FAMILY_DIR
 
 MODES = ("with", "without", "off")
-"""Auto with the grammar drafter, auto without it, speculation off (on *without*)."""
+"""Auto with the grammar drafter, auto without it, speculation off (a deployment of its own)."""
 
 
 @dataclass
@@ -148,8 +150,9 @@ def run_structured(cfg: StructuredBenchConfig, progress: bool = True) -> dict:
                          f"{cfg.requests} want {want}")
     warm = schema_rows(SchemaConfig(requests=2, split="tuning"))
     per: list[dict] = []
-    with _deployment(cfg, True) as ew, _deployment(cfg, False) as eo:
-        for emb in (ew, eo):  # the models' first steps and the schemas' compilation
+    with (_deployment(cfg, True) as ew, _deployment(cfg, False) as eo,
+          _deployment(cfg, False) as ef):
+        for emb in (ew, eo, ef):  # the models' first steps and the schemas' compilation
             _run(emb.endpoint, warm, "auto", 0.0, cfg, 2)
         before = _grammar_share(ew.router.metrics_port)
         for i, (conc, temp) in enumerate(tqdm(cells, desc="cells", unit="cell",
@@ -157,7 +160,7 @@ def run_structured(cfg: StructuredBenchConfig, progress: bool = True) -> dict:
             order = [("with", ew, "auto"), ("without", eo, "auto")]
             cell: dict = {"concurrency": conc, "temperature": temp}
             mine = rows[i * cfg.requests:(i + 1) * cfg.requests]  # unseen by suffix decoding
-            for name, emb, mode in (order if i % 2 == 0 else order[::-1]) + [("off", eo, "off")]:
+            for name, emb, mode in (order if i % 2 == 0 else order[::-1]) + [("off", ef, "off")]:
                 res, wall = _run(emb.endpoint, mine, mode, temp, cfg, conc)
                 cell[name] = {"tokens_per_s": sum(len(r["tokens"]) for r in res) / wall,
                               "valid": sum(r["valid"] for r in res),

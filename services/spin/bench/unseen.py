@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parents[3] / "benchmarks" / "datasets" / "unseen-long.jsonl"
+from loadgen.datasets import DEFAULT_SOURCE
+
+DEFAULT_OUT = DEFAULT_SOURCE
 
 
 @dataclass(frozen=True)

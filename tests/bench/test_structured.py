@@ -21,9 +21,11 @@ def test_the_report_divides_what_each_mode_measured() -> None:
            {"concurrency": 4, "temperature": 0.8, "with": _mode(60.0, [[7]], 1, 0),
             "without": _mode(40.0, [[8]], 0), "off": _mode(30.0, [[9]], 1)}]
     before = {"spin:grammar_seconds_total": 1.0, "spin:step_seconds_sum": 10.0,
-              "spin:grammar_steps_total": 100}
+              "spin:grammar_steps_total": 100, "spin:grammar_forced_tokens_total": 10,
+              "spin:generation_tokens_total": 100}
     after = {"spin:grammar_seconds_total": 1.5, "spin:step_seconds_sum": 20.0,
-             "spin:grammar_steps_total": 600}
+             "spin:grammar_steps_total": 600, "spin:grammar_forced_tokens_total": 40,
+             "spin:generation_tokens_total": 200}
     r = _report(StructuredBenchConfig(requests=2), per, 2, before, after)
     greedy, sampled = r["cells"]
     assert greedy["with_over_without"] == 1.5 and greedy["with_over_off"] == 3.0
@@ -32,8 +34,10 @@ def test_the_report_divides_what_each_mode_measured() -> None:
     assert sampled["grammar_share_of_accepted"] == 0.0
     assert r["grammar_share_of_step"] == pytest.approx(0.05)
     assert r["grammar_ms_per_request_step"] == pytest.approx(1.0)
+    assert r["forced_share_of_tokens"] == pytest.approx(0.3)
     text = summary(r)
     assert "5.00% of the router's step time" in text and "1.500" in text
+    assert "forced (appended unverified, with): 30%" in text
 
 
 def test_an_output_counts_as_valid_only_when_it_follows_the_schema() -> None:

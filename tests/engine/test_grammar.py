@@ -92,3 +92,15 @@ def test_forced_tokens_are_the_one_continuation(compiler, tokenizer) -> None:
     assert tokenizer.decode(c.forced(64)) == 'min","age":'
     free = compiler.constraint(GrammarSpec("regex", "[a-z]+"))
     assert free.forced(8) == []
+
+
+def test_only_names_the_one_allowed_token(compiler, tokenizer) -> None:
+    c = compiler.constraint(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    taken = []
+    while (tok := c.only()) is not None:
+        assert unpack(c.allowed(), len(tokenizer))[0].nonzero().flatten().tolist() == [tok]
+        c.advance([tok])
+        taken.append(tok)
+    assert tokenizer.decode(taken) == '{"role":"'  # then admin or guest: a choice
+    c.advance(ids(tokenizer, 'guest","age":4}'))
+    assert c.done and c.only() is None

@@ -2,8 +2,9 @@
 without it, on the schema workload (``loadgen/schemas.py``), side by side in one run.
 
 Two ``spin serve`` deployments of the demo family, the same in all but one setting: **with**
-offers the grammar's forced tokens as drafts to the learned policy (the default), **without**
-does not (``SchedulerConfig.grammar_drafts``); both constrain every request to its schema. Each
+uses the grammar's forced tokens (the default: drafted where the grammar allows one
+continuation, appended unverified where it allows one token), **without** does not
+(``SchedulerConfig.grammar_drafts``); both constrain every request to its schema. Each
 cell (a concurrency x a temperature) sends its own requests (none seen before: suffix decoding
 would draft a request sent again from its first output, and a prompt sent again would be
 prefilled from the prefix cache) to *with* and *without* (which goes first alternates from cell
@@ -16,8 +17,9 @@ Reported per cell: tokens per second of each, with / without and both against of
 drafter's share of the accepted tokens, how many outputs parse and follow their schema
 (``jsonschema``; an output cut by ``max_tokens`` does not), greedy outputs that differ from off's
 (lossless: must be 0); overall: the router's seconds computing the grammar's rows and cut
-drafts against its step seconds (``spin:grammar_seconds`` / ``spin:step_seconds``, the *with*
-router's metrics over the whole run).
+drafts against its step seconds (``spin:grammar_seconds`` / ``spin:step_seconds``), and the
+share of its tokens the grammar forced (appended unverified: ``spin:grammar_forced_tokens`` /
+``spin:generation_tokens``), the *with* router's metrics over the whole run.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def _grammar_share(metrics_port: int) -> dict:
     values: dict[str, float] = {}
     for line in body.splitlines():
         for name in ("spin:grammar_seconds_total", "spin:step_seconds_sum",
-                     "spin:grammar_steps_total"):
+                     "spin:grammar_steps_total", "spin:grammar_forced_tokens_total",
+                     "spin:generation_tokens_total"):
             if line.startswith(name + " "):
                 values[name] = float(line.split()[-1])
     return values
@@ -189,17 +192,21 @@ def _report(cfg: StructuredBenchConfig, per: list[dict], n: int, before: dict,
             "greedy_mismatches": (sum(a != b for m in ("with", "without")
                                       for a, b in zip(c[m]["outputs"], off))
                                   if c["temperature"] == 0 else None)})
-    grammar_s = after.get("spin:grammar_seconds_total", 0) - before.get(
-        "spin:grammar_seconds_total", 0)
-    step_s = after.get("spin:step_seconds_sum", 0) - before.get("spin:step_seconds_sum", 0)
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    grammar_s, step_s = grew("spin:grammar_seconds_total"), grew("spin:step_seconds_sum")
+    generated = grew("spin:generation_tokens_total")
     return {"config": {"requests": n, "concurrency": list(cfg.concurrency),
                        "temperatures": list(cfg.temperatures), "new_tokens": cfg.new_tokens,
                        "split": cfg.split, "dataset": str(cfg.dataset) if cfg.dataset else None,
                        "seed": cfg.seed, "policy_config": cfg.policy_config},
             "cells": cells,
             "grammar_share_of_step": grammar_s / step_s if step_s else None,
-            "grammar_ms_per_request_step": 1e3 * grammar_s / max(1.0, after.get(
-                "spin:grammar_steps_total", 0) - before.get("spin:grammar_steps_total", 0))}
+            "grammar_ms_per_request_step": 1e3 * grammar_s / max(1.0, grew(
+                "spin:grammar_steps_total")),
+            "forced_share_of_tokens": (grew("spin:grammar_forced_tokens_total") / generated
+                                       if generated else None)}
 
 
 def summary(report: dict) -> str:
@@ -216,8 +223,10 @@ def summary(report: dict) -> str:
                      f"{100 * c['grammar_share_of_accepted']:11.0f}  "
                      f"{v['with']:>4}/{v['without']}/{v['off']:<8}  "
                      f"{c['greedy_mismatches'] if c['greedy_mismatches'] is not None else '-'}")
-    share = report["grammar_share_of_step"]
+    share, forced = report["grammar_share_of_step"], report.get("forced_share_of_tokens")
     lines.append(f"grammar rows and cut drafts: {100 * share:.2f}% of the router's step time, "
                  f"{report['grammar_ms_per_request_step']:.3f} ms per request-step"
                  if share is not None else "grammar share: no steps")
+    if forced is not None:
+        lines.append(f"tokens the grammar forced (appended unverified, with): {100 * forced:.0f}%")
     return "\n".join(lines)

@@ -9,8 +9,9 @@ the nodes under it), and each remaining row gets the set of tokens the grammar a
 So greedy output equals constrained decoding without speculation token for token, and sampling
 draws from the constrained distribution, whatever drafted. The emitted tokens then advance the
 matcher (``advance``), and the request stops when the grammar is complete. Where the grammar
-allows one continuation only (keys, brackets, enum values), ``forced`` gives those tokens: the
-grammar drafts them for free (the ``grammar`` proposer of the router's pool).
+allows one token only, ``only`` names it (the router appends it unverified); where it allows one
+continuation (keys, brackets, enum values), ``forced`` gives its tokens: the grammar drafts them
+for free (the ``grammar`` proposer of the router's pool).
 
 The engine is llguidance (Rust, the library behind vLLM's ``guidance`` backend), chosen by
 measurement against xgrammar on this project's 2-core CPU (demo tokenizer, 4096 tokens; a
@@ -33,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import numpy as np
 import torch
 
 from .token_mask import allows, words_per_row
@@ -161,6 +163,18 @@ class Constraint:
         rows = torch.zeros(1, self.words, dtype=torch.int32)
         self._fill(rows, 0)
         return rows
+
+    def only(self) -> int | None:
+        """The one token the grammar allows next, when it allows exactly one (None: several,
+        or the grammar is complete)."""
+        if self.done:
+            return None
+        words = self.allowed()[0].numpy().view(np.uint32)                              # [W]
+        nonzero = np.flatnonzero(words)
+        if len(nonzero) != 1:
+            return None
+        word = int(words[nonzero[0]])
+        return None if word & (word - 1) else int(nonzero[0]) * 32 + word.bit_length() - 1
 
     def restrict(self, tree: TokenTree) -> tuple[list[int], torch.Tensor]:
         """The nodes of ``tree`` the grammar allows (every node on their paths allowed too),

@@ -175,6 +175,10 @@ NUM_PREEMPTIONS = Counter("spin:num_preemptions",
 GRAMMAR_SECONDS = Counter("spin:grammar_seconds",
                           "Router seconds spent on structured output's grammars: each step's "
                           "drafts cut and allowed rows computed (router/structured.py).")
+GRAMMAR_FORCED_TOKENS = Counter("spin:grammar_forced_tokens",
+                                "Tokens of structured-output requests appended without "
+                                "verification: the one token their grammar allowed "
+                                "(jump-forward).")
 GRAMMAR_STEPS = Counter("spin:grammar_steps",
                         "Request-steps of structured-output requests (each had its rows "
                         "computed).")

@@ -53,8 +53,9 @@ class SchedulerConfig:
     """Tokens suffix decoding's store keeps (about 0.75 KB of the router's memory each); past
     them the least recently used requests' texts are evicted."""
     grammar_drafts: bool = True
-    """Offer the grammar's forced tokens as drafts (``router/structured.py``) to the policy; it
-    drafts only for structured-output requests, where their grammar allows one continuation."""
+    """Use the grammar's forced tokens (structured-output requests only): where the grammar
+    allows one continuation, offer it as a draft to the policy (``router/structured.py``);
+    where it allows one token, append it without verification (``Streamer.jump_forward``)."""
     predicted_outputs: bool = True
     """Offer Predicted Outputs (model-free drafts from a request's own ``prediction``:
     ``engine/prediction.py``) to the policy; it drafts only for requests that carry one."""

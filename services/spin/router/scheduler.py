@@ -71,7 +71,7 @@ class Scheduler:
         self.policy = policy
         self.accounting = Accounting(store)
         self.trace = StepTrace(cfg.step_trace) if cfg.step_trace else None
-        self.stream = Streamer(decode, eos_id)
+        self.stream = Streamer(decode, eos_id, jump_forward=cfg.grammar_drafts)
         self.pipeline = Pipeline(cfg.micro_batches)
         self.waiting: collections.deque[RouterRequest] = collections.deque()
         self.running: list[RouterRequest] = []

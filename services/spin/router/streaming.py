@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..engine.logprobs import TokenLogprobs
+from ..obs import metrics
 from ..engine.prediction import PREDICTION
 from .accounting import StepInfo
 from .requests import RouterRequest, TextStream
@@ -91,9 +92,15 @@ StreamEvent = Chunk | RequestError
 class Streamer:
     """The client streams of the running requests."""
 
-    def __init__(self, decode: Callable[[list[int]], str], eos_id: int | None) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], eos_id: int | None,
+                 jump_forward: bool = True) -> None:
         self.decode = decode
         self.eos_id = eos_id
+        self.jump_forward = jump_forward
+        """Structured output: after a step's tokens, append every next token that is the only
+        one the request's grammar allows (constrained decoding could emit nothing else, greedy
+        or sampled), unverified: the verifier takes them in as context with the next step. Not
+        for a request that asked for log-probabilities (these tokens have none)."""
         self._text: dict[str, TextStream] = {}
 
     def open(self, r: RouterRequest) -> None:
@@ -105,27 +112,33 @@ class Streamer:
     def fail(self, r: RouterRequest, code: ErrorCode, message: str) -> None:
         r.out.put_nowait(RequestError(code, message))
 
+    def _take(self, r: RouterRequest, tok: int) -> FinishReason | None:
+        """Append one emitted token; why the request is done with it (None: not done)."""
+        grammar = r.constraint
+        if grammar is not None and grammar.advance([tok]) != 1:
+            return "stop"  # complete (the end-of-sequence token is all that may follow)
+        r.generated.append(tok)
+        if len(r.generated) >= r.params.max_tokens:
+            return "length"
+        if tok == self.eos_id and not r.params.ignore_eos:
+            return "stop"
+        return "stop" if grammar is not None and grammar.done else None
+
     def emit(self, r: RouterRequest, tokens: list[int], step: StepInfo,
              logprobs: list[TokenLogprobs] | None = None) -> Chunk:
         """Append a step's ``tokens`` (and their ``logprobs``, if asked) to ``r`` and send them;
         the chunk sent (``finish`` set when the request is done: the caller finishes it)."""
         start = len(r.generated)
         finish: FinishReason | None = None
-        grammar = r.constraint
         for tok in tokens:
-            if grammar is not None and grammar.advance([tok]) != 1:
-                finish = "stop"  # complete (the end-of-sequence token is all that may follow)
+            if (finish := self._take(r, tok)) is not None:
                 break
-            r.generated.append(tok)
-            if len(r.generated) >= r.params.max_tokens:
-                finish = "length"
-                break
-            if tok == self.eos_id and not r.params.ignore_eos:
-                finish = "stop"
-                break
-            if grammar is not None and grammar.done:
-                finish = "stop"
-                break
+        grammar = r.constraint
+        if grammar is not None and self.jump_forward and logprobs is None:
+            jumped = len(r.generated)
+            while finish is None and (tok := grammar.only()) is not None:
+                finish = self._take(r, tok)  # the one token the grammar allows: no draw
+            metrics.GRAMMAR_FORCED_TOKENS.inc(len(r.generated) - jumped)
         text, hit = self._text[r.request_id].push(r.generated, final=finish is not None)
         if hit:
             finish = "stop"

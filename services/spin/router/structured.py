@@ -7,10 +7,13 @@ drafted node the grammar rejects is cut before it goes (with the nodes under it)
 crosses the grammar and the matcher never sees a token it has to undo. The emitted tokens then
 advance the matcher (``streaming.py``).
 
-``GrammarDrafts`` (drafter ``grammar``) drafts what the grammar forces next: keys, brackets,
-separators, enum values, long literals. It is a model-free proposer of the pool like prompt
-lookup: offered to a request only when the grammar forces a token there (``matches``), chosen by
-the learned policy as one more arm with its own statistics.
+Where the grammar allows exactly one token, the token is appended without verification
+(``Streamer.jump_forward``: constrained decoding could emit nothing else, greedy or sampled;
+the verifier takes it in as context with the next step). Where it forces text that more than one
+tokenization spells, ``GrammarDrafts`` (drafter ``grammar``) drafts the text's tokens: a
+model-free proposer of the pool like prompt lookup, offered to a request only when the grammar
+forces something there (``matches``), chosen by the learned policy as one more arm with its own
+statistics.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ EVERY = RouterConfig(
                                          retry_s=0.5),
     scheduler=SchedulerConfig(max_batch=8, max_queue=9, draft_timeout_s=0.25, micro_batches=2,
                               prompt_lookup=False, suffix_decoding=False,
-                              suffix_store_tokens=1000, verifier_outage_s=12.5,
+                              suffix_store_tokens=1000, grammar_drafts=False,
+                              predicted_outputs=False, verifier_outage_s=12.5,
                               verify_timeout_s=9.0,
                               step_trace="/var/log/spin/steps.jsonl"),
     stats_spill="/var/lib/spin/stats pending.json", http_port=0, rpc_overhead_s=0.002,
@@ -97,7 +98,8 @@ def test_the_flags_give_the_config_they_name() -> None:
         "--label-selector", "app.kubernetes.io/instance=spin", "--namespace", "serving",
         "--kube-api", "http://127.0.0.1:8001", "--max-batch", "8", "--max-queue", "9",
         "--draft-timeout", "0.25", "--micro-batches", "2", "--no-prompt-lookup",
-        "--no-suffix-decoding", "--suffix-store-tokens", "1000",
+        "--no-suffix-decoding", "--suffix-store-tokens", "1000", "--no-grammar-drafts",
+        "--no-predicted-outputs",
         "--verifier-outage", "12.5", "--step-trace", "/var/log/spin/steps.jsonl",
         "--stats-spill", "/var/lib/spin/stats pending.json",
         "--http-port", "0", "--chat-template", EVERY.chat_template, "--served-model-name",
@@ -133,7 +135,8 @@ def test_the_router_parser_refuses_what_it_always_did() -> None:
     with pytest.raises(ValueError, match="needs --label-selector"):
         parse(["--tokenizer", "t", "--discovery", "kubernetes"])
     with pytest.raises(ValueError,
-                       match=r"'d' is not one of the drafters \['prompt-lookup', 'suffix'\]"):
+                       match=r"'d' is not one of the drafters \['grammar', 'prediction', "
+                             r"'prompt-lookup', 'suffix'\]"):
         parse(["--tokenizer", "t", "--verifier", "h:1", "--default-drafter", "d"])
     with pytest.raises(ValueError, match="--policy-config: not JSON"):
         parse(["--tokenizer", "t", "--verifier", "h:1", "--policy-config", "{x"])

@@ -422,12 +422,14 @@ def test_prompt_lookup_drafter_in_the_router() -> None:
 
 def test_the_model_free_drafters_are_values() -> None:
     args = main_container(render_set("default"), "spin-router")["args"]
-    assert "--no-suffix-decoding" not in args and "--no-grammar-drafts" not in args
+    off = ("--no-suffix-decoding", "--no-grammar-drafts", "--no-predicted-outputs")
+    assert not set(off) & set(args)
     assert flag(args, "--suffix-store-tokens") == "65536"
     args = main_container(render("--set", "router.suffixDecoding=false", "--set",
                                  "router.grammarDrafts=false", "--set",
+                                 "router.predictedOutputs=false", "--set",
                                  "router.suffixStoreTokens=4096"), "spin-router")["args"]
-    assert "--no-suffix-decoding" in args and "--no-grammar-drafts" in args
+    assert set(off) <= set(args)
     assert flag(args, "--suffix-store-tokens") == "4096"
 
 

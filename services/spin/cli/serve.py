@@ -108,7 +108,9 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                                     verifier_outage_s=args.verifier_outage,
                                                     suffix_decoding=not args.no_suffix_decoding,
                                                     suffix_store_tokens=args.suffix_store_tokens,
-                                                    grammar_drafts=not args.no_grammar_drafts))
+                                                    grammar_drafts=not args.no_grammar_drafts,
+                                                    predicted_outputs=not
+                                                    args.no_predicted_outputs))
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -249,12 +249,13 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   prompt_lookup=not args.no_prompt_lookup,
                                   suffix_decoding=not args.no_suffix_decoding,
                                   suffix_store_tokens=args.suffix_store_tokens,
-                                  grammar_drafts=not args.no_grammar_drafts))
+                                  grammar_drafts=not args.no_grammar_drafts,
+                                  predicted_outputs=not args.no_predicted_outputs))
 
 
 def suffix_flags(g: argparse._ActionsContainer) -> None:
-    """``--no-suffix-decoding``, ``--suffix-store-tokens`` and ``--no-grammar-drafts`` (``spin
-    router``, ``spin serve``)."""
+    """``--no-suffix-decoding``, ``--suffix-store-tokens``, ``--no-grammar-drafts`` and
+    ``--no-predicted-outputs`` (``spin router``, ``spin serve``)."""
     g.add_argument("--no-suffix-decoding", action="store_true",
                    help="do not offer suffix decoding (drafts from earlier requests' prompts and "
                    "outputs, kept in a store the router's requests share)")
@@ -262,8 +263,11 @@ def suffix_flags(g: argparse._ActionsContainer) -> None:
                    help="tokens suffix decoding's store keeps (about 0.75 KB each; least "
                    "recently used requests' texts are evicted past them)")
     g.add_argument("--no-grammar-drafts", action="store_true",
-                   help="do not draft what a structured-output request's grammar forces next "
-                   "(keys, brackets, enum values)")
+                   help="do not use what a structured-output request's grammar forces next "
+                   "(keys, brackets, enum values): no grammar drafts, no jump-forward")
+    g.add_argument("--no-predicted-outputs", action="store_true",
+                   help="do not draft from a request's prediction (OpenAI's Predicted Outputs; "
+                   "the prediction is then ignored)")
 
 
 def check_router_config(cfg: RouterConfig) -> None:

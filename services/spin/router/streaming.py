@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..engine.logprobs import TokenLogprobs
-from ..obs import metrics
 from ..engine.prediction import PREDICTION
+from ..obs import metrics
 from .accounting import StepInfo
 from .requests import RouterRequest, TextStream
 

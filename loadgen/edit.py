@@ -11,8 +11,8 @@ by other words of the same text, each prompt an instruction to repeat the text w
 instead of obeying; the draftable repetition is the same: a group's later requests share its
 earlier ones' prompt tail and, mostly, their outputs.
 
-Rows keep their source's ``domain`` and ``split`` and add ``group`` and ``edit`` (0 = the
-original); ``loadgen.datasets.read_prompts`` reads the file like any ``--dataset``, and a run
+Rows keep their source's ``domain`` and ``split`` and add ``group``, ``edit`` (0 = the
+original) and ``text`` (the version the prompt asks to repeat, without the instruction); ``loadgen.datasets.read_prompts`` reads the file like any ``--dataset``, and a run
 that wants the groups' order sends the rows in file order (``in_order``). ``python -m
 loadgen.edit --out FILE`` writes one.
 """
@@ -48,6 +48,8 @@ class EditConfig:
     """Words replaced per edit (by other words of the same text)."""
     split: str | None = None
     """Only sources of this split (``tuning``/``evaluation``; None: all)."""
+    domain: str | None = None
+    """Only sources of this domain (``code`` for a code-edit workload; None: all)."""
     seed: int = 0
     """Which words are replaced, and by what."""
 
@@ -85,23 +87,31 @@ def edit_rows(cfg: EditConfig) -> list[dict]:
     sources = [json.loads(line) for line in cfg.source.read_text(encoding="utf-8").splitlines()
                if line.strip()]
     sources = [s for s in sources if isinstance(s, dict) and isinstance(s.get("prompt"), str)
-               and (cfg.split is None or s.get("split", cfg.split) == cfg.split)]
+               and (cfg.split is None or s.get("split", cfg.split) == cfg.split)
+               and (cfg.domain is None or s.get("domain") == cfg.domain)]
     if cfg.groups is not None:
         sources = sources[:cfg.groups]
     if not sources:
-        raise ValueError(f"{cfg.source}: no prompts" + (f" of the {cfg.split} split"
-                                                         if cfg.split else ""))
+        raise ValueError(f"{cfg.source}: no prompts"
+                         + (f" of the {cfg.split} split" if cfg.split else "")
+                         + (f" in domain {cfg.domain!r}" if cfg.domain else ""))
     rng = random.Random(cfg.seed)
     rows = []
     for g, src in enumerate(sources):
         text, changes = src["prompt"], []
         for e in range(cfg.edits + 1):
             extra = {"split": src["split"]} if src.get("split") else {}
-            rows.append({"prompt": instruction(changes) + text,
+            rows.append({"prompt": instruction(changes) + text, "text": text,
                          "domain": str(src.get("domain", "dataset")), "group": g, "edit": e,
                          **extra})
             text, changes = edit_text(text, cfg.words, rng)
     return rows
+
+
+def read_rows(path: Path) -> list[dict]:
+    """An edit workload file's rows, in file order (``main`` writes one)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 def in_order(rows: list[dict]) -> list[Request]:
@@ -121,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edits", type=int, default=2, help="edited versions per text (default 2)")
     p.add_argument("--words", type=int, default=3, help="words replaced per edit (default 3)")
     p.add_argument("--split", choices=("tuning", "evaluation"), help="only this split's texts")
+    p.add_argument("--domain", help="only this domain's texts (e.g. code)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.edits < 0 or a.words < 1 or (a.groups is not None and a.groups < 1):
         p.error("--edits must be >= 0, --words and --groups >= 1")
     try:
-        rows = edit_rows(EditConfig(a.source, a.groups, a.edits, a.words, a.split, a.seed))
+        rows = edit_rows(EditConfig(a.source, a.groups, a.edits, a.words, a.split, a.domain,
+                                    a.seed))
     except (OSError, ValueError) as e:
         print(f"loadgen.edit: {e}", file=sys.stderr)
         return 2

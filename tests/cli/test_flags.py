@@ -57,3 +57,18 @@ def test_server_argv_parses_back_to_an_equal_config(cfg: ServerConfig,
     for command in (["verifier", "--model", "m"], ["router", "--tokenizer", "t"]):
         args = parser().parse_args([*command, *server_argv(cfg, cpus)])
         assert (server_config(args), args.cpus) == (cfg, cpus)
+
+
+def test_the_benchmarks_list_flags_parse_and_refuse_what_they_say() -> None:
+    args = parser().parse_args(["bench", "prediction", "--temperatures", "0,0.8"])
+    assert args.temperatures == (0.0, 0.8) and args.source == "previous-output"
+    args = parser().parse_args(["bench", "structured", "--concurrency", "1,16,", "--temperatures",
+                                "1.5"])
+    assert args.concurrency == (1, 16) and args.temperatures == (1.5,)
+    for argv in (["bench", "prediction", "--temperatures", "2.5"],
+                 ["bench", "grid", "--temperatures", "hot"],
+                 ["bench", "grid", "--concurrency", "0,8"],
+                 ["bench", "structured", "--concurrency", ","]):
+        with pytest.raises(SystemExit) as e:
+            parser().parse_args(argv)
+        assert e.value.code == 2

@@ -6,8 +6,11 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from loadgen.datasets import read_prompts
-from loadgen.edit import WORD, EditConfig, edit_rows, edit_text, in_order, instruction, main
+from loadgen.edit import (WORD, EditConfig, edit_rows, edit_text, in_order, instruction, main,
+                          read_rows)
 
 
 def _source(tmp_path: Path) -> Path:
@@ -44,6 +47,16 @@ def test_groups_are_a_text_then_its_edits_each_from_the_last(tmp_path: Path) -> 
         assert sum(a != b for a, b in zip(body, before)) <= 1  # one word (maybe by itself)
         assert row["prompt"].startswith("Repeat the text below, replacing '")
     assert edit_rows(EditConfig(_source(tmp_path), groups=1, edits=0)) == rows[:1]
+    assert all(r["prompt"] == r["prompt"].split("\n\n", 1)[0] + "\n\n" + r["text"]
+               for r in rows)  # the version asked for, without the instruction
+
+
+def test_a_domain_keeps_only_its_texts(tmp_path: Path) -> None:
+    rows = edit_rows(EditConfig(_source(tmp_path), edits=1, domain="prose"))
+    assert [(r["group"], r["domain"]) for r in rows] == [(0, "prose"), (0, "prose"),
+                                                       (1, "prose"), (1, "prose")]
+    with pytest.raises(ValueError, match="no prompts in domain 'sql'"):
+        edit_rows(EditConfig(_source(tmp_path), domain="sql"))
 
 
 def test_the_cli_writes_a_dataset_loadgen_reads(tmp_path: Path) -> None:
@@ -51,7 +64,8 @@ def test_the_cli_writes_a_dataset_loadgen_reads(tmp_path: Path) -> None:
     assert main(["--out", str(out), "--source", str(_source(tmp_path)), "--edits", "1"]) == 0
     read = read_prompts(out)
     assert len(read) == 6 and read[1]["prompt"].startswith("Repeat the text below, replacing")
-    reqs = in_order([json.loads(line) for line in out.read_text().splitlines()])
+    assert read_rows(out) == [json.loads(line) for line in out.read_text().splitlines()]
+    reqs = in_order(read_rows(out))
     assert [r.prompt for r in reqs] == [r["prompt"] for r in read]  # in file order
     assert main(["--out", str(out), "--source", str(tmp_path / "missing.jsonl")]) == 2
 

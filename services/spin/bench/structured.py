@@ -32,7 +32,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import jsonschema
 from tqdm import tqdm
 
@@ -41,8 +40,9 @@ from loadgen.schemas import SchemaConfig, schema_rows
 from ..engine.model_free import GRAMMAR
 from ..router.config import RouterConfig, SchedulerConfig
 from ..serve import Embedded, ServeConfig
-from ..v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
+from ..v1 import generation_pb2
 from ..zoo.specs import FAMILY_DIR
+from . import stream
 
 MODES = ("with", "without", "off")
 """Auto with the grammar drafter, auto without it, speculation off (a deployment of its own)."""
@@ -83,27 +83,13 @@ def _deployment(cfg: StructuredBenchConfig, grammar: bool) -> Embedded:
 def _one(endpoint: str, row: dict, mode: str, temperature: float, seed: int,
          new_tokens: int) -> dict:
     """One request: its tokens, text, seconds and the grammar drafter's accepted tokens."""
-    sampling = sampling_pb2.SamplingParams(temperature=temperature)
-    if temperature > 0:
-        sampling.seed = seed
-    req = generation_pb2.GenerateRequest(
-        prompt=row["prompt"], max_tokens=new_tokens, sampling=sampling,
-        grammar=generation_pb2.Grammar(kind="json_schema", source=json.dumps(row["schema"])),
-        speculation=generation_pb2.Speculation(
-            mode=generation_pb2.SPECULATION_MODE_OFF if mode == "off"
-            else generation_pb2.SPECULATION_MODE_AUTO))
-    ids: list[int] = []
-    text, last = "", None
-    start = time.perf_counter()
-    with grpc.insecure_channel(endpoint) as ch:
-        for msg in generation_pb2_grpc.GenerationStub(ch).Generate(req, timeout=600):
-            ids += msg.token_ids
-            text += msg.text
-            last = msg
-    used = {d.drafter: d.accepted_tokens for d in last.speculation.drafters} if last else {}
-    return {"tokens": ids, "text": text, "e2e_s": time.perf_counter() - start,
-            "accepted": last.speculation.accepted_tokens if last else 0,
-            "grammar_accepted": used.get(GRAMMAR, 0), "valid": _valid(text, row["schema"])}
+    req = stream.request(row["prompt"], mode, temperature, seed, new_tokens)
+    req.grammar.CopyFrom(generation_pb2.Grammar(kind="json_schema",
+                                                source=json.dumps(row["schema"])))
+    res = stream.generate(endpoint, req)
+    return {"tokens": res["tokens"], "text": res["text"], "e2e_s": res["e2e_s"],
+            "accepted": res["accepted"], "grammar_accepted": res["drafters"].get(GRAMMAR, 0),
+            "valid": _valid(res["text"], row["schema"])}
 
 
 def _valid(text: str, schema: dict) -> bool:

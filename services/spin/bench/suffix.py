@@ -20,7 +20,6 @@ nothing earlier to draft from) apart from the edits.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from loadgen.edit import EditConfig, edit_rows, in_order
+from loadgen.edit import EditConfig, edit_rows, in_order, read_rows
 from loadgen.workload import build_workload
 
 from ..engine.suffix_decoding import SUFFIX_DECODING
@@ -70,7 +69,7 @@ class SuffixBenchConfig:
 def _rows(cfg: SuffixBenchConfig) -> list[dict]:
     """The workload's rows: ``groups * rounds`` whole groups, in order."""
     if cfg.dataset is not None:
-        rows = [json.loads(line) for line in cfg.dataset.read_text().splitlines() if line.strip()]
+        rows = read_rows(cfg.dataset)
     else:
         rows = edit_rows(EditConfig(groups=cfg.groups * cfg.rounds, edits=cfg.edits,
                                     words=cfg.words, split=cfg.split, seed=cfg.seed))

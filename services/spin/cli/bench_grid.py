@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
-from .flags import fail, policy_overrides, positive, write_json
+from .flags import fail, policy_overrides, positive, positive_ints, temperatures, write_json
 
 
 def add_dataset(bsub: argparse._SubParsersAction) -> None:
@@ -42,9 +42,9 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
                          "each concurrency x temperature x short/long prompts")
     bg.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
     bg.add_argument("--quick", action="store_true", help="fewer requests and tokens per cell")
-    bg.add_argument("--concurrency", type=_ints, default=(1, 8, 32, 64),
+    bg.add_argument("--concurrency", type=positive_ints, default=(1, 8, 32, 64),
                     help="comma-separated (default 1,8,32,64)")
-    bg.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
+    bg.add_argument("--temperatures", type=temperatures, default=(0.0, 0.8),
                     help="comma-separated (default 0,0.8; above 0 with top-p 0.95)")
     bg.add_argument("--prompts", default="short,long",
                     help="short (the demo's held-out prompts), long (--dataset), or both")
@@ -93,19 +93,6 @@ def _bench_trace(args: argparse.Namespace) -> int:
     write_json(args.json, report)
     return 0
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(positive(int)(x) for x in text.split(",") if x.strip())
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        out = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
-    if not out or any(not 0.0 <= t <= 2.0 for t in out):
-        raise argparse.ArgumentTypeError(f"temperatures must be in [0, 2], got {text!r}")
-    return out
 
 
 def _bench_grid(args: argparse.Namespace) -> int:

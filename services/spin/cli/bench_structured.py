@@ -7,15 +7,8 @@ import argparse
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
-from .flags import fail, policy_overrides, positive, write_json
+from .flags import fail, policy_overrides, positive, positive_ints, temperatures, write_json
 
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(","))
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
 
 
 def add_structured(bsub: argparse._SubParsersAction) -> None:
@@ -29,9 +22,9 @@ def add_structured(bsub: argparse._SubParsersAction) -> None:
     bs.add_argument("--split", choices=("evaluation", "tuning"), default="evaluation")
     bs.add_argument("--requests", type=positive(int), default=16,
                     help="requests per cell (default 16)")
-    bs.add_argument("--concurrency", type=_ints, default=(1, 16),
+    bs.add_argument("--concurrency", type=positive_ints, default=(1, 16),
                     help="requests in flight per cell, comma-separated (default 1,16)")
-    bs.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
+    bs.add_argument("--temperatures", type=temperatures, default=(0.0, 0.8),
                     help="temperatures, comma-separated (default 0,0.8)")
     bs.add_argument("--new-tokens", type=positive(int), default=160)
     bs.add_argument("--seed", type=int, default=0)
@@ -50,8 +43,6 @@ def _bench_structured(args: argparse.Namespace) -> int:
         return fail("bench structured", e)
     if args.dataset is not None and not args.dataset.is_file():
         return fail("bench structured", f"--dataset {args.dataset}: no such file")
-    if min(args.concurrency) < 1 or min(args.temperatures) < 0:
-        return fail("bench structured", "--concurrency must be >= 1 and --temperatures >= 0")
     try:
         report = run_structured(StructuredBenchConfig(
             args.family_dir, args.dataset, args.split, args.requests, args.concurrency,

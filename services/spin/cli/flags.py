@@ -34,6 +34,25 @@ def positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """An argument type: comma-separated integers, each > 0 (e.g. concurrencies)."""
+    out = tuple(positive(int)(x) for x in text.split(",") if x.strip())
+    if not out:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}")
+    return out
+
+
+def temperatures(text: str) -> tuple[float, ...]:
+    """An argument type: comma-separated sampling temperatures, each in [0, 2]."""
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not out or any(not 0.0 <= t <= 2.0 for t in out):
+        raise argparse.ArgumentTypeError(f"temperatures must be in [0, 2], got {text!r}")
+    return out
+
+
 def size(text: str) -> int:
     """An argument type: a memory size (``64MiB``, ``20GiB``, bytes) in bytes."""
     from ..engine.memory import parse_size

@@ -359,3 +359,21 @@ def test_the_ascent_prices_each_drafter_against_the_slowest_of_the_others() -> N
             x = rng.integers(-2, 3, n) * 0.1
             want = [np.delete(x, d).max(initial=0.0) for d in range(n)]
             assert _others_max(x).tolist() == want
+
+
+def test_a_plain_step_is_predicted_as_the_batch_verification_at_k_zero() -> None:
+    """The plain step's short path (no arrays) predicts what the batch's own path does, with
+    calibration and prefilled prompts, and a chain of one token is not mistaken for it."""
+    cost = CostModel(verify=(1e-2, 1e-4, 2e-5, 1e-7, 1e-9), draft={"d": (1e-3, 1e-3, 0.0, 0.0)})
+    ctl = _ctl(cost, {"d": 0.6})
+    batch = [("a", "d", 120), ("b", None, 300), ("c", "d", 41)]
+    for _ in range(5):
+        _served(ctl, batch, [2, 0, 1], 0.05, {"d": 0.004})
+    for extra in (0, 250):
+        drafts, verify = ctl.predicted_parts(batch, [0, 0, 0], extra)
+        assert drafts == {}
+        assert verify == pytest.approx(ctl._batch(batch, extra).verify(3.0), rel=1e-12)
+    drafts, verify = ctl.predicted_parts(batch, [0, 0, 1])
+    assert set(drafts) == {"d"} and verify > ctl.predicted_parts(batch, [0, 0, 0])[1]
+    _, tree = ctl.predicted_parts(batch, [0, 0, 0], scored=[1, 1, 3])  # nodes verified: not plain
+    assert tree == pytest.approx(ctl._batch(batch).verify(5.0), rel=1e-12)

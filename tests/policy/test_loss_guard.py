@@ -167,6 +167,30 @@ def test_a_probe_of_speculation_carries_no_scoring_and_expensive_probes_come_rar
     assert policy.guard._kinds[step_kind([False] * 4)].interval == GuardConfig().probe_max
 
 
+def test_a_probe_of_speculation_never_asks_a_draft_head() -> None:
+    """A head drafts the chain its request's next step verifies: a probe (one step) with it
+    would pay its drafting and draft nothing. Speculating by decision, the requests use the head
+    (the only drafter with a cost); once plain steps measure more, every probe that speculates
+    does so with another drafter."""
+    cost = _cost()
+    cost.draft["eagle"] = (0.0, 0.0002, 0.0, 0.0, 0.0)
+    policy = LearnedPolicy(learned_config({"trees": False, "score_after": 0}), cost)
+    heads = frozenset({"eagle"})
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
+    used: dict[bool, set[str | None]] = {True: set(), False: set()}
+    for _ in range(120):
+        decided = policy.guard.rates().get(step_kind([False] * 4), (0, 0, True))[2]
+        plan = policy.choose(views, {"draft-code", "eagle"}, heads)
+        spec = any(c.drafter for c in plan)
+        if spec:
+            used[decided and not policy.guard.probing] |= {c.drafter for c in plan}
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
+                         for v, c in zip(views, plan))
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
+    assert "eagle" in used[True]  # by decision: the head drafts
+    assert used[False] and "eagle" not in used[False]  # probes: never the head
+
+
 def test_a_new_batch_size_starts_from_the_nearest_decided_one_of_its_decoding() -> None:
     guard = LossGuard(GuardConfig(min_steps=2, probe_min=2))
     for _ in range(12):  # batch 8 of sampled requests: speculation measures a loss

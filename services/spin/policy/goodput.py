@@ -325,6 +325,10 @@ class SpecLengthController:
             raise ValueError(f"{len(ks)} k values for {len(batch)} requests")
         if self.cost is None:
             return {}, math.nan
+        if not any(ks) and (scored is None or sum(scored) == len(batch)):  # a plain step: no
+            b = len(batch)  # arrays (a step the loss guard holds plain predicts this alone)
+            plain = float(self.cost.predict_verify(b, b + extra, sum(c for *_, c in batch)))
+            return {}, float(self.calibration.verify(plain, plain))
         bt = self._batch(batch, extra)
         k = np.asarray(ks, dtype=float)
         kmax, _, act, sk, skc = bt.aggregates(np.where(bt.eligible, k, 0.0))

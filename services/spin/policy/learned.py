@@ -70,7 +70,6 @@ from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
-
 Batch = list[tuple[str, str | None, int]]
 """(request id, drafter or None, context length) per request: what the controller prices."""
 
@@ -179,7 +178,8 @@ class LearnedPolicy:
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
-                c = self._candidates(r, s, available) - unmatched(r)
+                c = (self._candidates(r, s, available) - unmatched(r)  # a probe: no head
+                     - (self.heads if self.guard.probing else set()))  # (drafts next step)
                 c = cands[r.request_id] = c - self.scoring.unaffordable(
                     r, s, c, self.heads, saving, self.scoring_cost)
                 drafters.append(self.selector.choose(r.request_id, c) if c else None)

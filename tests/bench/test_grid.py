@@ -1,5 +1,6 @@
-"""``spin bench grid``: a cell on the shared deployment (auto and off on the same requests,
-lossless), the table and the plot from it, and the command's refusals."""
+"""``spin bench grid``: a cell (auto and off on the same requests, lossless; here on one
+deployment), the table and the plot from it, each mode's deployment and trace, and the
+command's refusals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spin.bench.grid import OFF_AGAIN, GridConfig, _cell, plot_grid, table
+from spin.bench.grid import OFF_AGAIN, GridConfig, _cell, _trace, modes, plot_grid, table
 from spin.bench.policy_config import PolicyBenchConfig
 from spin.serve import Embedded
 
@@ -17,7 +18,8 @@ def test_a_greedy_cell_of_long_prompts_is_lossless_and_reported(serving: Embedde
     cfg = GridConfig(quick=True, concurrencies=(2,), temperatures=(0.0,), prompt_sets=("long",),
                      repeat_off=True)
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens)
-    cell = _cell(serving, cfg, bench, "long", 0.0, 2)
+    cell = _cell({label: serving.endpoint for label, _, _ in modes(cfg)}, cfg, bench, "long",
+                 0.0, 2)
     # two passes (off, auto, off again, then the reverse): every output equals off's first
     assert cell["requests"] == 8 and cell["rounds"] == 2 and cell["greedy_mismatches"] == 0
     off, auto, again = (cell["modes"][m] for m in ("off", "auto", OFF_AGAIN))
@@ -42,6 +44,18 @@ def test_the_command_parses_its_lists() -> None:
     args = parser().parse_args(["bench", "grid", "--concurrency", "1,8", "--temperatures",
                                  "0,0.8"])
     assert args.concurrency == (1, 8) and args.temperatures == (0.0, 0.8)
+    assert args.suffix_decoding is False
+    assert parser().parse_args(["bench", "grid", "--suffix-decoding"]).suffix_decoding is True
+
+
+def test_each_mode_has_a_deployment_and_auto_and_off_a_trace_each(tmp_path: Path) -> None:
+    cfg = GridConfig(fixed=("draft-code", 3), repeat_off=True, trace=tmp_path / "steps.jsonl")
+    assert [m[0] for m in modes(cfg)] == ["off", "auto", "draft-code:k3", OFF_AGAIN]
+    assert modes(GridConfig())[1] == ("auto", "auto", 0) and len(modes(GridConfig())) == 2
+    assert _trace(cfg, "auto") == str(tmp_path / "steps.jsonl")
+    assert _trace(cfg, "off") == str(tmp_path / "steps-off.jsonl")
+    assert _trace(cfg, OFF_AGAIN) is None and _trace(GridConfig(), "auto") is None
+    assert GridConfig().suffix_decoding is False  # repeated prompts would flatter it
 
 
 def test_the_command_refuses_what_it_cannot_run() -> None:

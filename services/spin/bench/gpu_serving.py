@@ -22,7 +22,7 @@ from ..engine.engine import GenerationRequest, SpecEngine
 from ..engine.memory import resolve_dtype
 from ..engine.model_runner import RunnerConfig
 from ..engine.verifier import Verifier
-from ..router.config import RouterConfig
+from ..router.config import RouterConfig, SchedulerConfig
 from ..zoo.report import family_members
 from .engine_baselines import AssistSetting, HFBaselines, HFMethod
 from .gpu_run import Run
@@ -154,9 +154,12 @@ def _service_runner(run: Run) -> RunnerConfig:
 def e2e_part(run: Run, budget: Budget) -> None:
     """The demo family through ``spin serve``'s processes (no Redis: statistics stay in the
     router), the learned policy: speculation auto vs off at each concurrency, greedy; two
-    rounds in alternating order (off first, then auto first: what runs first pays for warm-up)."""
+    rounds in alternating order (off first, then auto first: what runs first pays for warm-up
+    and leaves its prompts in the prefix cache). One deployment for both modes (the time allows
+    one start), so without suffix decoding: it would draft auto's requests from off's outputs
+    of the same prompts."""
     from ..serve import Embedded, ServeConfig
-    from .grid import GridConfig, run_cells
+    from .grid import GridConfig, modes, run_cells
 
     cfg, entry = run.cfg, run.part("e2e")
     grid = GridConfig(family_dir=cfg.family_dir, quick=True, temperatures=(0.0,),
@@ -165,15 +168,16 @@ def e2e_part(run: Run, budget: Budget) -> None:
     emb = Embedded(ServeConfig(
         family_dir=cfg.family_dir, port=0, redis=False, runner=runner,
         drafter_kv_cache_memory=runner.kv_cache_memory,
-        router=RouterConfig(policy="learned", http_port=None),
+        router=RouterConfig(policy="learned", http_port=None,  # no suffix decoding: the
+                            scheduler=SchedulerConfig(suffix_decoding=False)),  # grid's doc
         log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-gpu-e2e-"))))
     t0 = time.perf_counter()
     emb.start(timeout_s=max(10.0, budget.left()))
     entry["start_s"] = time.perf_counter() - t0
     run.say(f"[e2e] services started in {entry['start_s']:.1f} s")
     try:
-        cells = run_cells(emb, grid, [("short", 0.0, c) for c in cfg.e2e_concurrency],
-                          progress=False)
+        cells = run_cells({label: emb.endpoint for label, _, _ in modes(grid)}, grid,
+                          [("short", 0.0, c) for c in cfg.e2e_concurrency], progress=False)
     finally:
         emb.stop()
     entry["new_tokens"] = grid.new_tokens

@@ -1,12 +1,22 @@
 """``spin bench grid``: speculation auto against off, over concurrency x temperature x prompts.
 
 The promise checked here is the first one this project makes: speculation never makes serving
-slower. One deployment (``spin serve``'s processes, the learned policy, statistics in its own
-Redis) serves every cell; a cell is a prompt set, a temperature and a concurrency, and in each
-the same requests run with speculation off, auto, and (``--fixed NAME:K``) one fixed
-configuration, one mode after the other, each at that concurrency with every request at once
-(``loadgen``'s closed loop), ``rounds`` times with the order of the modes reversed every other
-pass. Reported per cell: output tokens per second of each mode (all tokens over the wall time,
+slower. Each mode has a deployment of its own (``spin serve``'s processes, the learned policy,
+statistics in its own Redis), configured alike, which serves it in every cell; a cell is a prompt
+set, a temperature and a concurrency, and in each the same requests run with speculation off,
+auto, and (``--fixed NAME:K``) one fixed configuration, one mode after the other, each at that
+concurrency with every request at once (``loadgen``'s closed loop), ``rounds`` times with the
+order of the modes reversed every other pass.
+
+A deployment per mode because the grid repeats itself where traffic does not: each mode sends
+the same requests, every pass and cell sends them again. On one deployment the mode that runs
+second would find the prompts the first one just prefilled in the prefix cache (one tuning run:
+auto / off 1.19x in the passes where auto ran second, 0.98x where it ran first), and suffix
+decoding would draft a request from the output the other mode gave it. For the same reason
+suffix decoding is **off** here unless ``suffix_decoding`` (each pass would draft from the
+last pass's outputs of the same prompts: a greedy request's whole output); ``spin bench
+suffix`` measures it on a workload made for it. Prefix caching stays on (the default): each
+deployment sees the prompts as often as the other. Reported per cell: output tokens per second of each mode (all tokens over the wall time,
 summed over passes) and per pass, mean end-to-end latency, auto / off (and per pass) and auto /
 fixed, and for greedy cells the outputs that differ from off's first pass (lossless: must be 0).
 ``--repeat-off`` runs speculation off a second time as a mode of its own: its ratio to off is
@@ -21,8 +31,10 @@ with top-p 0.95, request ``i`` with seed ``seed + i`` in every mode.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -76,7 +88,10 @@ class GridConfig:
     policy_config: dict = field(default_factory=dict)
     """Overrides of the learned policy's settings (``learned_config``)."""
     trace: Path | None = None
-    """The router's step trace (``router/step_trace.py``; appended to); None: none."""
+    """Auto's router's step trace (``router/step_trace.py``; appended to; off's beside it,
+    ``-off`` added to its name); None: none."""
+    suffix_decoding: bool = False
+    """Offer suffix decoding in the deployments (module doc: off, repeated prompts flatter it)."""
 
     @property
     def new_tokens(self) -> int:
@@ -93,26 +108,32 @@ def _rows(cfg: GridConfig, prompts: str, n: int) -> list[Request]:
     return build_workload(n, seed=cfg.seed, rows=read_prompts(cfg.dataset), split=cfg.split)
 
 
-def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str,
-          temperature: float, concurrency: int) -> dict:
+def modes(cfg: GridConfig) -> list[tuple[str, str, int]]:
+    """The modes a cell runs: (label, speculation, k)."""
+    out = [("off", "off", 0), ("auto", "auto", 0)]
+    if cfg.fixed is not None:
+        out.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
+    if cfg.repeat_off:
+        out.append((OFF_AGAIN, "off", 0))
+    return out
+
+
+def _cell(endpoints: Mapping[str, str], cfg: GridConfig, bench: PolicyBenchConfig,
+          prompts: str, temperature: float, concurrency: int) -> dict:
     """One cell: each mode's tokens/s and mean latency, the ratios, greedy mismatches."""
     reqs = _rows(cfg, prompts, cfg.requests(concurrency))
     sampling = (Sampling("greedy") if temperature == 0 else
                 Sampling("sampled", temperature=temperature, top_p=cfg.top_p))
-    modes: list[tuple[str, str, int]] = [("off", "off", 0), ("auto", "auto", 0)]
-    if cfg.fixed is not None:
-        modes.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
-    if cfg.repeat_off:
-        modes.append((OFF_AGAIN, "off", 0))
+    modes_ = modes(cfg)
     cell: dict = {"prompts": prompts, "temperature": temperature, "concurrency": concurrency,
                   "requests": len(reqs), "rounds": cfg.rounds, "modes": {}}
-    outputs: dict[str, list[list[list[int]]]] = {label: [] for label, _, _ in modes}
+    outputs: dict[str, list[list[list[int]]]] = {label: [] for label, _, _ in modes_}
     # label -> per pass: (tokens, wall seconds, each request's latency, steps)
-    runs: dict[str, list[tuple[int, float, list[float], int]]] = {m[0]: [] for m in modes}
+    runs: dict[str, list[tuple[int, float, list[float], int]]] = {m[0]: [] for m in modes_}
     for rnd in range(cfg.rounds):
-        for label, spec, k in (modes if rnd % 2 == 0 else modes[::-1]):
+        for label, spec, k in (modes_ if rnd % 2 == 0 else modes_[::-1]):
             desc = f"{prompts} t={temperature} c={concurrency} {label} ({rnd + 1}/{cfg.rounds})"
-            res, wall = run_requests(emb.endpoint, reqs, spec, k, bench, desc,
+            res, wall = run_requests(endpoints[label], reqs, spec, k, bench, desc,
                                      concurrency=concurrency, progress=False, sampling=sampling,
                                      early_stop=k > 0)
             outputs[label].append([r.token_ids for r in res])
@@ -130,7 +151,7 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     cell["auto_over_off_by_round"] = [a / o for a, o in zip(
         m["auto"]["tokens_per_s_by_round"], m["off"]["tokens_per_s_by_round"])]
     if cfg.fixed is not None:
-        fixed = m[modes[2][0]]["tokens_per_s"]
+        fixed = m[modes_[2][0]]["tokens_per_s"]
         cell["auto_over_fixed"] = m["auto"]["tokens_per_s"] / fixed
     if cfg.repeat_off:
         cell["off_again_over_off"] = m[OFF_AGAIN]["tokens_per_s"] / m["off"]["tokens_per_s"]
@@ -142,28 +163,45 @@ def _cell(emb: Embedded, cfg: GridConfig, bench: PolicyBenchConfig, prompts: str
     return cell
 
 
-def run_cells(emb: Embedded, cfg: GridConfig, grid: list[tuple[str, float, int]],
-              progress: bool = True) -> list[dict]:
-    """A warm-up request, then each cell (prompt set, temperature, concurrency) of ``grid`` on
-    the running deployment ``emb`` (also ``spin bench gpu``'s end-to-end part)."""
+def run_cells(endpoints: Mapping[str, str], cfg: GridConfig,
+              grid: list[tuple[str, float, int]], progress: bool = True) -> list[dict]:
+    """A warm-up request on each deployment, then each cell (prompt set, temperature,
+    concurrency) of ``grid``, each mode on its deployment (``endpoints``: label -> host:port;
+    ``spin bench gpu``'s end-to-end part gives every mode one)."""
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               seed=cfg.seed)
-    run_requests(emb.endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
-                 progress=False)
-    return [_cell(emb, cfg, bench, p, t, c)
+    for endpoint in dict.fromkeys(endpoints.values()):
+        run_requests(endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
+                     progress=False)
+    return [_cell(endpoints, cfg, bench, p, t, c)
             for p, t, c in tqdm(grid, desc="grid", unit="cell", disable=not progress)]
 
 
+def _trace(cfg: GridConfig, label: str) -> str | None:
+    """Auto's trace at ``cfg.trace``, off's beside it; None for the other modes."""
+    if cfg.trace is None or label not in ("auto", "off"):
+        return None
+    return str(cfg.trace if label == "auto" else
+               cfg.trace.with_name(f"{cfg.trace.stem}-off{cfg.trace.suffix}"))
+
+
 def run_grid(cfg: GridConfig) -> dict:
-    """Every cell on one deployment; the report (``cells`` and a summary)."""
-    router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
-                          scheduler=SchedulerConfig(
-                              step_trace=str(cfg.trace) if cfg.trace else None))
+    """Every cell, each mode on a deployment of its own; the report (``cells`` and a
+    summary)."""
     grid = [(p, t, c) for p in cfg.prompt_sets for t in cfg.temperatures
             for c in cfg.concurrencies]
-    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
-                              log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))) as emb:
-        cells = run_cells(emb, cfg, grid)
+    with contextlib.ExitStack() as stack:
+        endpoints = {}
+        for label, _, _ in tqdm(modes(cfg), desc="deployments", unit="mode"):
+            router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
+                                  scheduler=SchedulerConfig(
+                                      step_trace=_trace(cfg, label),
+                                      suffix_decoding=cfg.suffix_decoding))
+            emb = stack.enter_context(Embedded(ServeConfig(
+                family_dir=cfg.family_dir, port=0, router=router,
+                log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))))
+            endpoints[label] = emb.endpoint
+        cells = run_cells(endpoints, cfg, grid)
     ratios = [c["auto_over_off"] for c in cells]
     return {"config": {"quick": cfg.quick, "new_tokens": cfg.new_tokens,
                        "concurrencies": list(cfg.concurrencies),
@@ -171,7 +209,8 @@ def run_grid(cfg: GridConfig) -> dict:
                        "fixed": list(cfg.fixed) if cfg.fixed else None,
                        "repeat_off": cfg.repeat_off,
                        "policy_config": cfg.policy_config, "split": cfg.split,
-                       "rounds": cfg.rounds},
+                       "rounds": cfg.rounds, "suffix_decoding": cfg.suffix_decoding,
+                       "deployments": "one per mode"},
             "cells": cells, "min_auto_over_off": min(ratios),
             "median_auto_over_off": statistics.median(ratios),
             "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells),

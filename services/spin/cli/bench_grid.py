@@ -67,8 +67,11 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--json", default=None, help="write the report here")
     bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
     bg.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                    help="the router's step trace (JSON Lines), summarised at the end "
-                    "(`spin bench trace`)")
+                    help="auto's router's step trace (JSON Lines; off's beside it, -off added "
+                    "to the name), summarised at the end (`spin bench trace`)")
+    bg.add_argument("--suffix-decoding", action="store_true",
+                    help="offer suffix decoding (off by default: the grid repeats its prompts, "
+                    "and a store of their earlier outputs would draft them back)")
     bg.set_defaults(func=_bench_grid)
 
 
@@ -117,7 +120,8 @@ def _bench_grid(args: argparse.Namespace) -> int:
                                  prompt_sets=prompts, fixed=fixed, split=args.split,
                                  rounds=args.rounds, repeat_off=args.repeat_off,
                                  policy_config=overrides,
-                                 trace=args.trace.resolve() if args.trace else None))
+                                 trace=args.trace.resolve() if args.trace else None,
+                                 suffix_decoding=args.suffix_decoding))
     print(table(report))
     print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
           f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "

@@ -5,8 +5,10 @@ Two ``spin serve`` deployments of the demo family, the same in all but one setti
 offers suffix decoding to the learned policy (the default), **without** does not
 (``SchedulerConfig.suffix_decoding``). Each request of the edit workload goes, single stream and
 greedy, to *with* and to *without* (the order swapped every other request, so both see the same
-moment's machine), then, as the lossless reference, with speculation off to *without* (off
-requests on *with* would fill its store with the very outputs it is about to be timed on). A
+moment's machine), then, as the lossless reference, with speculation off to a third deployment
+like *without* (off requests on *with* would fill its store with the very outputs it is about to
+be timed on; on *without*, off would find the prompt *without* just prefilled in its prefix
+cache, which flattered off in the runs recorded before 2026-11-27's third deployment). A
 pass sends its own groups of the workload (a group: a text, then its edits, in order), so no
 pass is drafted from an earlier pass's outputs of the same requests: a store that remembered the
 timed requests themselves would measure repetition the workload does not have.
@@ -37,7 +39,7 @@ from ..zoo.specs import FAMILY_DIR
 from .policy_config import PolicyBenchConfig, run_requests
 
 MODES = ("with", "without", "off")
-"""Auto with suffix decoding, auto without it, speculation off (on *without*)."""
+"""Auto with suffix decoding, auto without it, speculation off (a deployment of its own)."""
 
 
 @dataclass
@@ -96,8 +98,9 @@ def run_suffix(cfg: SuffixBenchConfig, progress: bool = True) -> dict:
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               seed=cfg.seed)
     per: list[dict] = []
-    with _deployment(cfg, True) as ew, _deployment(cfg, False) as eo:
-        for emb in (ew, eo):  # load the models' first steps (not a text of the workload)
+    with (_deployment(cfg, True) as ew, _deployment(cfg, False) as eo,
+          _deployment(cfg, False) as ef):
+        for emb in (ew, eo, ef):  # load the models' first steps (not a text of the workload)
             run_requests(emb.endpoint, build_workload(1, seed=cfg.seed,
                                                       family_dir=cfg.family_dir), "off", 0,
                          bench, "warm-up", progress=False)
@@ -106,7 +109,7 @@ def run_suffix(cfg: SuffixBenchConfig, progress: bool = True) -> dict:
             rnd = groups.index(row.get("group", i)) // cfg.groups
             order = [("with", ew, "auto"), ("without", eo, "auto")]
             one: dict = {"group": row.get("group", i), "edit": row.get("edit", 0), "pass": rnd}
-            for mode, emb, spec in (order if i % 2 == 0 else order[::-1]) + [("off", eo, "off")]:
+            for mode, emb, spec in (order if i % 2 == 0 else order[::-1]) + [("off", ef, "off")]:
                 (res,), _ = run_requests(emb.endpoint, [w], spec, 0, bench, mode,
                                          progress=False)
                 used = res.speculation.drafters.get(SUFFIX_DECODING)

@@ -63,9 +63,11 @@ def test_scoring_calls_go_ahead_only_while_speculation_can_return_their_cost() -
     # against 2 x 40 ms it is dropped; a loss (negative saving) drops it at any price
     assert rounds.priced(view, RequestState(), None, prompt, 1e-3, _cost(0.040)) == ()
     assert rounds.priced(view, RequestState(), None, prompt, -1e-4, _cost(0.001)) == ()
-    # not measured yet (no saving, or no served scoring step): as chosen
-    assert rounds.priced(view, RequestState(), None, prompt, None, _cost(0.040)) == prompt
+    # no served scoring step yet: as chosen (so their cost gets measured), saving or not
     assert rounds.priced(view, RequestState(), None, prompt, 1e-3, ScoringCost()) == prompt
+    assert rounds.priced(view, RequestState(), None, prompt, None, ScoringCost()) == prompt
+    # their cost measured but no saving known: nothing to pay with, however cheap
+    assert rounds.priced(view, RequestState(), None, prompt, None, _cost(0.001)) == ()
     # 30 ms for one 40 ms call: dropped, but prompt lookup (free) and the own drafter stay
     later = ("draft-code", "draft-prose", PROMPT_LOOKUP)
     assert rounds.priced(_view(6, remaining=30), RequestState(), "draft-code", later, 1e-3,

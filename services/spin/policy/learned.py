@@ -75,9 +75,8 @@ Batch = list[tuple[str, str | None, int]]
 
 
 class LearnedPolicy:
-    """Implements ``policy.base.Policy``. Per request it keeps one ``RequestState``
-    (``request_state.py``); ``choose`` runs in phases: the drafters, their k, who scores the
-    request, and the step's prediction."""
+    """``policy.base.Policy``: one ``RequestState`` per request (``request_state.py``);
+    ``choose`` runs in phases: drafters, their k, who scores a request, the prediction."""
 
     def __init__(self, cfg: LearnedPolicyConfig | None = None, cost: CostModel | None = None,
                  population: Callable[[], dict] | None = None) -> None:
@@ -139,7 +138,8 @@ class LearnedPolicy:
         states = [self._begin(r) for r in requests]
         plain = self.guard.plain(requests)  # the loss guard's plain requests: mode off now
         requests = [replace(r, mode="off") if p else r for r, p in zip(requests, plain)]
-        saving = self.guard.saving(step_kind([r.greedy for r in requests]))
+        kind = step_kind([r.greedy for r in requests])
+        saving = self.guard.saving(kind)  # prices catch-ups (scoring calls: ``pay``)
         cands, drafters = self._drafters(requests, states, available, saving)
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
@@ -148,12 +148,13 @@ class LearnedPolicy:
         prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
+        pay = self.scoring.saving(self.guard, self.controller, kind, batch, ks, prefill)
         out = []
         for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
             score = (() if self.guard.probing else  # a probe measures speculation alone
                      self.scoring.scorers(r, s, d, cands.get(r.request_id, set()) - heads,
                                           available - heads))
-            score = self.scoring.priced(r, s, d, score, saving, self.scoring_cost)
+            score = self.scoring.priced(r, s, d, score, pay, self.scoring_cost)
             s.ctx = r.context_len
             if r.generated == 0:
                 s.prefill = True
@@ -344,8 +345,7 @@ class LearnedPolicy:
         keep = 1.0 - self.controller.cfg.ema  # earlier rounds weigh less: the output changes
         self.controller.tracker.add_evidence(request_id, drafter, hits, positions - hits, keep)
         total = state.agreement.setdefault(drafter, [0.0, 0.0])
-        total[0] = keep * total[0] + hits
-        total[1] = keep * total[1] + positions
+        total[:] = [keep * total[0] + hits, keep * total[1] + positions]
         self._prior_from_rate(request_id, drafter, (total[0] + 0.5) / (total[1] + 1.0),
                               state.ctx)
 

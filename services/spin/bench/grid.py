@@ -16,7 +16,9 @@ decoding would draft a request from the output the other mode gave it. For the s
 suffix decoding is **off** here unless ``suffix_decoding`` (each pass would draft from the
 last pass's outputs of the same prompts: a greedy request's whole output); ``spin bench
 suffix`` measures it on a workload made for it. Prefix caching stays on (the default): each
-deployment sees the prompts as often as the other. Reported per cell: output tokens per second of each mode (all tokens over the wall time,
+deployment sees the prompts as often as the other.
+
+Reported per cell: output tokens per second of each mode (all tokens over the wall time,
 summed over passes) and per pass, mean end-to-end latency, auto / off (and per pass) and auto /
 fixed, and for greedy cells the outputs that differ from off's first pass (lossless: must be 0).
 ``--repeat-off`` runs speculation off a second time as a mode of its own: its ratio to off is

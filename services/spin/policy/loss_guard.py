@@ -245,8 +245,8 @@ class LossGuard:
         None before any kind of its decoding has speculated that often. What work done for
         speculation's sake (a drafter scoring a request) may cost per token it is expected to
         speed up (``ScoringRounds.priced``). ``at_least``: only from this batch size or larger
-        ones (a smaller batch's saving overstates a larger one's: speculating gained 1.31x at
-        8-15 greedy requests, 1.12x at 32-63, in one evaluation grid)."""
+        ones (a smaller batch's saving overstates a larger one's: in one tuning grid of greedy
+        requests speculating steps measured 2.37x plain ones at one request, 0.42x at 32-63)."""
         n = self.cfg.min_steps
 
         def plain(k: _Kind) -> _Side | None:

@@ -39,11 +39,13 @@ drafters' calls of a request go ahead only while their predicted seconds (``Scor
 learnt in serving) are at most its remaining tokens times the seconds of step that speculating
 saves per token in its kind of step (``saving``: measured at that batch size or a larger one,
 else predicted by the cost model for the step's plan); before their cost is measured they go
-ahead (so that it can be), after that only against a known saving. Lending a smaller batch's measured saving (as before
-2026-11-27) let the prompt-fit calls of arriving greedy requests through at 32-63 in flight,
-where their steps took 325 ms against 136 ms without them (``spin bench grid``, evaluation
-halves: auto 0.86x-0.94x off there). Both are measured in serving, so no threshold is set by hand. A request
-whose prompt was not scored chooses among all drafters by their population statistics.
+ahead (so that it can be), after that only against a known saving. Both are measured in
+serving, so no threshold is set by hand. A request whose prompt was not scored chooses among
+all drafters by their population statistics. Before 2026-11-27 an unknown saving let the calls
+through, and a smaller batch's measured one was lent: the prompt-fit calls of arriving greedy
+requests then ran at 32-63 in flight, in steps of 325 ms against 136 ms without them (an
+evaluation grid, where auto measured 0.86x-0.94x off there; in a tuning run of the cell at 32,
+logged, all 48 decisions went ahead with no saving known, 0.872x off).
 Measured (``spin bench grid --split tuning --temperatures 0 --concurrency 32 --prompts long
 --rounds 1``, 2-core CPU, calls logged): in batches of 32-63 greedy requests the rule let a
 request's four calls (40-54 ms predicted) go ahead against 45-60 ms saved over its 64 tokens, so

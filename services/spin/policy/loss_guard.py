@@ -20,7 +20,7 @@ speculation runs without the policy's scoring calls (on a 2-core CPU a probe at 
 the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a plain step) and
 without draft heads (a head drafts the chain its request's *next* step verifies: in a probe of
 one step it would add its drafting and draft nothing; in one sampled single-stream grid cell 85
-of 3,945 plain-decided steps paid that, 8 ms each on a 14 ms step).
+of 3,860 plain-decided steps paid that, 8 ms each on a 14 ms step).
 A new kind of step starts from the decision of the nearest batch size of its decoding that both
 sides have measured (else speculating), and probes the other side at ``probe_min`` until both
 have ``min_steps`` steps. Steps in which a request prefills its prompt are not counted (their

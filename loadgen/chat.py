@@ -16,7 +16,6 @@ corpus), cut at token boundaries. Rows carry ``domain`` ``chat-turn<t>`` and ``c
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from spin.zoo.specs import FAMILY_DIR
 
-from .datasets import DEFAULT_SOURCE, read_prompts
+from .datasets import DEFAULT_SOURCE, read_prompts, write_jsonl
 
 
 
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(args.out, rows)
     print(f"wrote {len(rows)} requests ({shape.conversations} conversations x {shape.turns} "
           f"turns) to {args.out}")
     return 0

@@ -25,6 +25,19 @@ DEFAULT_SOURCE = (Path(__file__).resolve().parents[1] / "benchmarks" / "datasets
 dataset``): what the chat, edit and schema workloads are built from."""
 
 
+def read_jsonl(path: Path) -> list:
+    """Every object of a JSON Lines file, in file order (blank lines skipped); no checks (a
+    workload's own rows: ``read_prompts`` reads a user's ``--dataset``)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON Lines at ``path`` (its folder made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
 def read_prompts(path: Path, render: Render | None = None) -> list[dict[str, str]]:
     """``path``'s prompts as rows ``{"domain", "prompt"}``; ValueError for what cannot be read."""
     try:

@@ -14,21 +14,20 @@ earlier ones' prompt tail and, mostly, their outputs.
 Rows keep their source's ``domain`` and ``split`` and add ``group``, ``edit`` (0 = the
 original) and ``text`` (the version the prompt asks to repeat, without the instruction);
 ``loadgen.datasets.read_prompts`` reads the file like any ``--dataset``, and a run that wants
-the groups' order sends the rows in file order (``in_order``, ``read_rows``). ``python -m
+the groups' order sends the rows in file order (``in_order``; ``datasets.read_jsonl`` reads them back). ``python -m
 loadgen.edit --out FILE [--domain code]`` writes one.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .datasets import DEFAULT_SOURCE
+from .datasets import DEFAULT_SOURCE, read_jsonl, write_jsonl
 from .workload import Request
 
 WORD = re.compile(r"[A-Za-z]{3,}")
@@ -85,8 +84,7 @@ def edit_text(text: str, words: int, rng: random.Random) -> tuple[str, list[tupl
 
 def edit_rows(cfg: EditConfig) -> list[dict]:
     """The workload's rows, group by group (module doc)."""
-    sources = [json.loads(line) for line in cfg.source.read_text(encoding="utf-8").splitlines()
-               if line.strip()]
+    sources = read_jsonl(cfg.source)
     sources = [s for s in sources if isinstance(s, dict) and isinstance(s.get("prompt"), str)
                and (cfg.split is None or s.get("split", cfg.split) == cfg.split)
                and (cfg.domain is None or s.get("domain") == cfg.domain)]
@@ -107,12 +105,6 @@ def edit_rows(cfg: EditConfig) -> list[dict]:
                          **extra})
             text, changes = edit_text(text, cfg.words, rng)
     return rows
-
-
-def read_rows(path: Path) -> list[dict]:
-    """An edit workload file's rows, in file order (``main`` writes one)."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
 
 
 def in_order(rows: list[dict]) -> list[Request]:
@@ -143,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"loadgen.edit: {e}", file=sys.stderr)
         return 2
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(a.out, rows)
     print(f"{len(rows)} requests in {len(rows) // (a.edits + 1)} groups: {a.out}")
     return 0
 

@@ -16,12 +16,11 @@ Rows keep their source's ``domain`` and ``split`` and add ``schema`` (the JSON S
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .datasets import DEFAULT_SOURCE
+from .datasets import DEFAULT_SOURCE, read_jsonl, write_jsonl
 
 
 def _obj(props: dict, required: list[str] | None = None) -> dict:
@@ -77,8 +76,7 @@ class SchemaConfig:
 
 def schema_rows(cfg: SchemaConfig) -> list[dict]:
     """The workload's rows (module doc); ValueError when the source has no texts."""
-    srcs = [json.loads(line) for line in cfg.source.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    srcs = read_jsonl(cfg.source)
     srcs = [s for s in srcs if cfg.split is None or s.get("split") == cfg.split]
     if not srcs:
         raise ValueError(f"{cfg.source} has no texts of split {cfg.split}")
@@ -113,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"loadgen.schemas: {e}", file=sys.stderr)
         return 2
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(a.out, rows)
     print(f"{len(rows)} requests over {len(SCHEMAS)} schemas: {a.out}")
     return 0
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.datasets import read_prompts
-from loadgen.edit import (WORD, EditConfig, edit_rows, edit_text, in_order, instruction, main,
-                          read_rows)
+from loadgen.datasets import read_jsonl, read_prompts
+from loadgen.edit import WORD, EditConfig, edit_rows, edit_text, in_order, instruction, main
 
 
 def _source(tmp_path: Path) -> Path:
@@ -64,8 +63,8 @@ def test_the_cli_writes_a_dataset_loadgen_reads(tmp_path: Path) -> None:
     assert main(["--out", str(out), "--source", str(_source(tmp_path)), "--edits", "1"]) == 0
     read = read_prompts(out)
     assert len(read) == 6 and read[1]["prompt"].startswith("Repeat the text below, replacing")
-    assert read_rows(out) == [json.loads(line) for line in out.read_text().splitlines()]
-    reqs = in_order(read_rows(out))
+    assert read_jsonl(out) == [json.loads(line) for line in out.read_text().splitlines()]
+    reqs = in_order(read_jsonl(out))
     assert [r.prompt for r in reqs] == [r["prompt"] for r in read]  # in file order
     assert main(["--out", str(out), "--source", str(tmp_path / "missing.jsonl")]) == 2
 

@@ -41,7 +41,8 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from loadgen.edit import EditConfig, edit_rows, read_rows
+from loadgen.datasets import read_jsonl
+from loadgen.edit import EditConfig, edit_rows
 from loadgen.workload import build_workload
 
 from ..engine.prediction import PREDICTION
@@ -91,7 +92,7 @@ class PredictionBenchConfig:
 def _groups(cfg: PredictionBenchConfig) -> list[list[dict]]:
     """``groups`` whole groups per cell, each in order."""
     want = cfg.groups * len(cfg.temperatures)
-    rows = read_rows(cfg.dataset) if cfg.dataset is not None else edit_rows(
+    rows = read_jsonl(cfg.dataset) if cfg.dataset is not None else edit_rows(
         EditConfig(groups=want, edits=cfg.edits, words=cfg.words, split=cfg.split,
                    domain=cfg.domain, seed=cfg.seed))
     order: dict[int, list[dict]] = {}

@@ -35,6 +35,7 @@ from pathlib import Path
 import jsonschema
 from tqdm import tqdm
 
+from loadgen.datasets import read_jsonl
 from loadgen.schemas import SchemaConfig, schema_rows
 
 from ..engine.model_free import GRAMMAR
@@ -130,8 +131,7 @@ def run_structured(cfg: StructuredBenchConfig, progress: bool = True) -> dict:
     cells = [(c, t) for c in cfg.concurrency for t in cfg.temperatures]
     want = cfg.requests * len(cells)
     if cfg.dataset is not None:
-        rows = [json.loads(line) for line in cfg.dataset.read_text().splitlines()
-                if line.strip()][:want]
+        rows = read_jsonl(cfg.dataset)[:want]
     else:
         rows = schema_rows(SchemaConfig(requests=want, split=cfg.split))
     if len(rows) < want:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from loadgen.edit import EditConfig, edit_rows, in_order, read_rows
+from loadgen.datasets import read_jsonl
+from loadgen.edit import EditConfig, edit_rows, in_order
 from loadgen.workload import build_workload
 
 from ..engine.suffix_decoding import SUFFIX_DECODING
@@ -71,7 +72,7 @@ class SuffixBenchConfig:
 def _rows(cfg: SuffixBenchConfig) -> list[dict]:
     """The workload's rows: ``groups * rounds`` whole groups, in order."""
     if cfg.dataset is not None:
-        rows = read_rows(cfg.dataset)
+        rows = read_jsonl(cfg.dataset)
     else:
         rows = edit_rows(EditConfig(groups=cfg.groups * cfg.rounds, edits=cfg.edits,
                                     words=cfg.words, split=cfg.split, seed=cfg.seed))

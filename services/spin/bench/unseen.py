@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import random
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.datasets import DEFAULT_SOURCE
+from loadgen.datasets import DEFAULT_SOURCE, write_jsonl
 
 DEFAULT_OUT = DEFAULT_SOURCE
 
@@ -130,8 +129,7 @@ def build_unseen(cfg: UnseenConfig) -> dict:
         if taken < cfg.per_domain:
             raise RuntimeError(f"only {taken} {domain} documents of {cfg.min_tokens}+ tokens "
                                f"(wanted {cfg.per_domain})")
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    cfg.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(cfg.out, rows)
     return {"out": str(cfg.out), "prompts": len(rows),
             "by_split": {s: sum(r["split"] == s for r in rows) for s in ("tuning", "evaluation")},
             "mean_tokens": sum(r["tokens"] for r in rows) / len(rows)}

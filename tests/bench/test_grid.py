@@ -59,7 +59,7 @@ def test_each_mode_has_a_deployment_and_auto_and_off_a_trace_each(tmp_path: Path
 
 
 def test_the_command_refuses_what_it_cannot_run() -> None:
-    for args, message in ((["--prompts", "medium"], "--prompts takes short, long or both"),
+    for args, message in ((["--prompts", "medium"], "--prompts takes short, long, short,long"),
                           (["--fixed", "draft-code"], "--fixed wants DRAFTER:K"),
                           (["--temperatures", "3"], "temperatures must be in [0, 2]"),
                           (["--concurrency", "1,0"], "must be > 0"),

@@ -202,6 +202,11 @@ def test_predicted_step_time_is_exposed() -> None:
     (c,) = plan
     assert plan.prediction.verify_s == pytest.approx(0.010 + 1e-4 * (200 + c.k))
     assert plan.prediction.prefill_tokens == 199
+    # 160 of its tokens likely in the verifier's prefix cache: it computes the other 40
+    plan = policy.choose([RequestView("d", 200, 0, 100, True, cached=160)], DRAFTERS)
+    (c,) = plan
+    assert plan.prediction.verify_s == pytest.approx(0.010 + 1e-4 * (40 + c.k))
+    assert plan.prediction.prefill_tokens == 39
 
 
 def _generated(rid: str, generated: int) -> RequestView:

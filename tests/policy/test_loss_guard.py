@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spin.policy.base import PROMPT_LOOKUP, RequestView
+from spin.policy.choice import StepChoice, StepPrediction
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.policy.loss_guard import GuardConfig, LossGuard, step_kind
 from spin.policy.outcome import RequestOutcome, StepOutcome
@@ -34,7 +35,7 @@ def test_step_kinds_bucket_the_batch_size_and_the_decoding() -> None:
 
 
 def test_speculation_that_measures_less_turns_into_plain_steps_and_is_probed_back() -> None:
-    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=64))
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=64, cold_batch=8))
     chose = run(guard, 200, spec_rate=80.0, off_rate=100.0)
     first_plain = chose.index(False)
     assert first_plain == 3  # the first probe of plain steps, after probe_min steps
@@ -83,7 +84,8 @@ def test_the_learned_policy_runs_plain_steps_where_its_speculation_measured_less
     The cost model's calibration is off: it would learn the same loss from the step times and
     price speculation out for every kind, where this test asks what the guard does per kind."""
     policy = LearnedPolicy(learned_config({"score_after": 0, "trees": False,
-                                           "controller": {"calibration": 0.0}}), _cost())
+                                           "controller": {"calibration": 0.0},
+                                           "guard": {"cold_batch": 4}}), _cost())
     views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
     plain = []
     for step in range(60):
@@ -174,7 +176,8 @@ def test_a_probe_of_speculation_never_asks_a_draft_head() -> None:
     does so with another drafter."""
     cost = _cost()
     cost.draft["eagle"] = (0.0, 0.0002, 0.0, 0.0, 0.0)
-    policy = LearnedPolicy(learned_config({"trees": False, "score_after": 0}), cost)
+    policy = LearnedPolicy(learned_config({"trees": False, "score_after": 0,
+                                           "guard": {"cold_batch": 4}}), cost)
     heads = frozenset({"eagle"})
     views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(4)]
     used: dict[bool, set[str | None]] = {True: set(), False: set()}
@@ -191,14 +194,24 @@ def test_a_probe_of_speculation_never_asks_a_draft_head() -> None:
     assert used[False] and "eagle" not in used[False]  # probes: never the head
 
 
-def test_a_new_batch_size_starts_from_the_nearest_decided_one_of_its_decoding() -> None:
+def test_a_new_batch_size_starts_from_the_nearest_decided_one_as_large_or_plain() -> None:
     guard = LossGuard(GuardConfig(min_steps=2, probe_min=2))
-    for _ in range(12):  # batch 8 of sampled requests: speculation measures a loss
+    assert guard.speculate(step_kind([True])) is True  # one request: speculating from the start
+    assert guard.speculate(step_kind([True] * 16)) is False  # nothing as large: plain
+    for _ in range(12):  # batch 8 of sampled requests, speculation at a gain (a new kind of
+        spec = guard.speculate(KIND)  # 8 starts plain: the first probe speculates)
+        guard.observe(KIND, spec, 8, 0.05 if spec else 0.1)
+    assert guard.rates()[KIND][2] is True
+    assert guard.speculate(step_kind([False] * 4)) is True  # a smaller batch: batch 8's win
+    assert guard.speculate(step_kind([False] * 16)) is False  # a larger one: plain
+    for _ in range(30):  # speculation turns into a loss at batch 8
         spec = guard.speculate(KIND)
         guard.observe(KIND, spec, 8, 0.2 if spec else 0.1)
     assert guard.rates()[KIND][2] is False
-    assert guard.speculate(step_kind([False] * 16)) is False  # bigger batch: plain at once
-    assert guard.speculate(step_kind([True] * 16)) is True  # greedy has no measure yet
+    assert guard.speculate(step_kind([False] * 2)) is False  # batch 8's decision
+    warm = LossGuard(GuardConfig(cold_batch=16))
+    assert warm.speculate(step_kind([True] * 16)) is True  # within cold_batch: speculating
+    assert warm.speculate(step_kind([True] * 32)) is False
 
 
 def test_saving_is_what_speculating_measures_to_save_per_token_at_the_nearest_batch_size() -> None:
@@ -239,3 +252,31 @@ def test_until_plain_steps_are_measured_saving_weighs_speculation_against_the_pr
     guard.observe(kind, False, 3, 0.05)
     guard.observe(kind, False, 3, 0.05)  # plain steps measured: 3 tokens in 0.05 s
     assert guard.saving(kind) == pytest.approx(0.05 / 3 - 0.25 / 6)
+
+
+def test_the_scoring_calls_beside_a_prefill_are_charged_to_speculation() -> None:
+    """A step in which requests prefill is not weighed, but where speculation is decided, what
+    its scoring calls added beyond the predicted verification counts against speculation's
+    rate; a plain-decided kind or a step without scoring calls is not charged."""
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=2, cold_batch=8))
+    run(guard, 20, spec_rate=160.0, off_rate=100.0)
+    before = guard.rates()[KIND]
+    assert before[2] is True
+    ids = [f"r{i}" for i in range(8)]
+    reqs = tuple(RequestOutcome(r, False, StepChoice(None), 0, 0, 1, True) for r in ids)
+
+    def prefill(scoring: tuple[int, int], seconds: float) -> StepOutcome:
+        p = StepPrediction(0.1, {}, 0.1, scoring, prefill_tokens=300)
+        return StepOutcome(reqs, p, 0.0, seconds, seconds)
+
+    guard.weigh(prefill((0, 0), 0.5))  # no scoring calls: nothing charged
+    assert guard.rates()[KIND] == before
+    guard.weigh(prefill((16, 2400), 0.3))  # 0.2 s beyond the predicted verification
+    spec = guard._kinds[KIND].spec
+    assert spec.tokens / (spec.tokens / before[0] + 0.2) == pytest.approx(guard.rates()[KIND][0])
+    assert guard.rates()[KIND][1:] == before[1:]  # the plain side untouched
+    run(guard, 60, spec_rate=80.0, off_rate=100.0)  # now plain steps win
+    assert guard.rates()[KIND][2] is False
+    after = guard.rates()[KIND]
+    guard.weigh(prefill((16, 2400), 0.3))  # plain decided: no scoring ran for speculation
+    assert guard.rates()[KIND] == after

@@ -520,6 +520,25 @@ def test_kv_admission_follows_the_verifier_reports() -> None:
     asyncio.run(go())
 
 
+def test_a_prompt_prefix_sent_before_reaches_the_policy_as_likely_cached() -> None:
+    """The policy predicts a first step's prefill from the prompt less the prefix the router
+    sent the verifier before (``RequestView.cached``, whole 16-token blocks)."""
+    async def go() -> None:
+        sched = scheduler(Recording(None), {})
+        a = request("a", tuple(range(40)), max_tokens=4)
+        b = request("b", tuple(range(36)) + (7, 7, 7, 7), max_tokens=4)
+        c = request("c", tuple(range(100, 140)), max_tokens=4)
+        sched.submit(a)
+        await sched.step([a])  # a's prompt sent to the verifier
+        for r in (b, c):
+            sched.submit(r)
+        assert [r.cached for r in (a, b, c)] == [0, 32, 0]  # b shares a's first two blocks
+        assert [sched._view(r).cached for r in (a, b, c)] == [0, 32, 0]
+        await steps(sched)
+        assert tokens(events(b)) == expected(b.prompt, 4)
+    asyncio.run(go())
+
+
 def test_verifier_outage_fails_the_requests_with_unavailable() -> None:
     async def go() -> None:
         verifier = FakeVerifier()

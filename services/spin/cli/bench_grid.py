@@ -47,7 +47,8 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--temperatures", type=temperatures, default=(0.0, 0.8),
                     help="comma-separated (default 0,0.8; above 0 with top-p 0.95)")
     bg.add_argument("--prompts", default="short,long",
-                    help="short (the demo's held-out prompts), long (--dataset), or both")
+                    help="short (the demo's held-out prompts), long (--dataset), or both "
+                         "(short,long; the default)")
     bg.add_argument("--dataset", type=Path, default=None,
                     help="the long prompts (JSON Lines; default benchmarks/datasets/"
                     "unseen-long.jsonl); only rows of the --split are timed")
@@ -102,9 +103,11 @@ def _bench_grid(args: argparse.Namespace) -> int:
     from ..bench.grid import GridConfig, plot_grid, run_grid, table
     from ..bench.unseen import DEFAULT_OUT
 
-    prompts = tuple(p.strip() for p in args.prompts.split(",") if p.strip())
+    given = "short,long" if args.prompts.strip() == "both" else args.prompts
+    prompts = tuple(p.strip() for p in given.split(",") if p.strip())
     if not prompts or set(prompts) - {"short", "long"}:
-        return fail("bench grid", f"--prompts takes short, long or both, got {args.prompts!r}")
+        return fail("bench grid", "--prompts takes short, long, short,long or both, got "
+                    f"{args.prompts!r}")
     fixed = None
     if args.fixed is not None:
         name, _, k = args.fixed.rpartition(":")

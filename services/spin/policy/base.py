@@ -55,6 +55,9 @@ class RequestView:
     """The other model-free drafters' (suffix decoding's): (name, continuations it found that
     begin differently), 0 = no match (it would draft nothing this step); one not listed is
     taken to find one continuation."""
+    cached: int = 0
+    """Tokens of the prompt the verifier's prefix cache likely holds (the router's guess): a
+    prefill computes only the rest."""
 
 
 def branches(r: RequestView, drafter: str) -> int:

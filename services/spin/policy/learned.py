@@ -144,8 +144,8 @@ class LearnedPolicy:
         batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
         # k is the controller's for requests in mode auto and for a named drafter without its k
         policy_k = [r.mode == "auto" or (r.mode == "drafter" and not r.k) for r in requests]
-        # the verifier prefills a request at its first step: its prompt, not k + 1 tokens
-        prefill = sum(r.context_len - 1 for r in requests if r.generated == 0)
+        # a first step prefills the prompt (less its likely cached prefix), not k + 1 tokens
+        prefill = sum(max(0, r.context_len - 1 - r.cached) for r in requests if not r.generated)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
         pay = self.scoring.saving(self.guard, self.controller, kind, batch, ks, prefill)

@@ -21,13 +21,28 @@ the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a p
 without draft heads (a head drafts the chain its request's *next* step verifies: in a probe of
 one step it would add its drafting and draft nothing; in one sampled single-stream grid cell 85
 of 3,860 plain-decided steps paid that, 8 ms each on a 14 ms step).
-A new kind of step starts from the decision of the nearest batch size of its decoding that both
-sides have measured (else speculating), and probes the other side at ``probe_min`` until both
-have ``min_steps`` steps. Steps in which a request prefills its prompt are not counted (their
-time is the prompt's) and probe nothing, but the decision holds there for every request, the
-prefilling ones too: a plain step scores no prompt (scoring 31 prompts of 270 tokens with four
-drafters beside their prefill made that step 1.6x longer on a 2-core CPU), and a request that
-meets speculation later chooses among all drafters by their population statistics.
+A new kind of step starts from the decision of the nearest batch size of its decoding, as
+large or larger, that both sides have measured, and probes the other side at ``probe_min`` until
+both have ``min_steps`` steps. Without such a batch size it starts plain, but for a single
+request (``cold_batch``): speculation's marginal cost grows with the batch (the verifier scores
+``B * (k + 1)`` tokens, every drafter catches up with every context), so a smaller batch's win
+is no evidence for a larger one, while one request is where speculation is made to win and a
+probe is cheapest. Before 2026-11-27 a new kind borrowed the nearest batch size's decision,
+smaller ones too, else speculated: on ``spin bench grid --split tuning --temperatures 0
+--concurrency 32,64`` (2-core CPU, step trace) the first 31 prompts arriving at batch 32 then
+ran speculating with 124 prompt-scoring calls beside their prefill (1,669 ms against 1,031 ms
+for off's same step), where speculating steps then measured 0.68x plain ones.
+Steps in which a request prefills its prompt are not counted (their time is the prompt's) and
+probe nothing, but the decision holds there for every request, the prefilling ones too: a plain
+step scores no prompt (scoring 31 prompts of 270 tokens with four drafters beside their prefill
+made that step 1.6x longer on a 2-core CPU), and a request that meets speculation later chooses
+among all drafters by their population statistics. Where speculation is decided, the scoring
+calls of such a step (its prompts scored beside their prefill) are speculation's cost: the
+seconds the step took beyond its predicted verification are added to its kind's speculating
+side, without tokens. Before 2026-11-27 they were left out, and on ``spin bench grid --split
+tuning --temperatures 0 --concurrency 32,64 --prompts long`` (2-core CPU, step trace) steps of
+batch 32 with a prefill and scoring calls took 11-16 s of a 28-56 s cell while speculating
+steps measured 0.97x plain ones: the guard kept speculating.
 Tried, one ``spin bench grid`` run each (on its evaluation prompts: the grid had no tuning split
 yet), and worse there: counting those steps (a burst of prefills then sways a side's sums),
 medians of per-step rates (a drafter's gains are heavy-tailed: greedy prompt lookup at one
@@ -74,8 +89,12 @@ class GuardConfig:
     drafter catch up with every request's context: on a 2-core CPU at batch 32 it took 0.6 s
     against 0.1 s for a plain step, so it waits 250 steps; a cheap one doubles its interval)."""
 
+    cold_batch: int = 1
+    """Largest batch size whose new kind of step starts speculating when no kind of its
+    decoding as large or larger has decided (larger ones start plain: module doc)."""
+
     def __post_init__(self) -> None:
-        if not 0.0 < self.decay < 1.0 or self.min_steps < 1:
+        if not 0.0 < self.decay < 1.0 or self.min_steps < 1 or self.cold_batch < 0:
             raise ValueError(f"invalid guard config {self}")
         if not 0.0 < self.probe_budget < 1.0:
             raise ValueError(f"guard probe_budget must be in (0, 1), got {self.probe_budget}")
@@ -98,6 +117,10 @@ class _Side:
         self.seconds = decay * self.seconds + seconds
         self.weight = decay * self.weight + 1.0
         self.steps += 1
+
+    def charge(self, seconds: float) -> None:
+        """Seconds this side's steps cost outside them (no tokens, no step)."""
+        self.seconds += seconds
 
     @property
     def step_s(self) -> float:
@@ -183,7 +206,9 @@ class LossGuard:
         """A step ``plain`` decided has run: its tokens and seconds on its side, when every
         request in it was verified."""
         kind = self._weighed.pop(tuple(r.request_id for r in outcome.requests), None)
-        if kind is not None and all(r.verified for r in outcome.requests):
+        if kind is None:
+            self._charge_scoring(outcome)
+        elif all(r.verified for r in outcome.requests):
             speculated = any(r.choice.drafter for r in outcome.requests)
             self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
                          outcome.step_s)
@@ -191,16 +216,30 @@ class LossGuard:
             if speculated and plain_s > 0:  # (NaN: no prediction of it)
                 self._kind(kind).plain_pred.add(len(outcome.requests), plain_s, self.cfg.decay)
 
+    def _charge_scoring(self, outcome: StepOutcome) -> None:
+        """A step with a prefill, not weighed: the seconds its scoring calls added (measured
+        beyond the predicted verification) are speculation's, charged to its kind's speculating
+        side (module doc: a step with a prefill)."""
+        p = outcome.prediction
+        if (p is None or not p.prefill_tokens or not p.scoring_work[0] or not outcome.requests
+                or not all(r.verified for r in outcome.requests)):
+            return
+        k = self._kinds.get(step_kind([r.greedy for r in outcome.requests]))
+        if k is not None and k.speculate and math.isfinite(p.verify_s):
+            k.spec.charge(max(0.0, outcome.rest_s - p.verify_s))
+
     def _kind(self, kind: StepKind) -> _Kind:
         """The kind's record; a new kind starts from the decision of the nearest batch size
-        of its decoding that both sides have measured (speculation's gain changes slowly with
-        the batch size), else speculating."""
+        of its decoding, as large or larger, that both sides have measured; without one,
+        plain steps above ``cold_batch`` requests (module doc: a new kind of step), always
+        speculating when the guard is off."""
         k = self._kinds.get(kind)
         if k is None:
-            near = sorted((abs(b - kind[0]), -b, known.speculate)
-                          for (b, decoding), known in self._kinds.items()
-                          if decoding == kind[1] and known.decided(self.cfg.min_steps))
-            k = self._kinds[kind] = _Kind(speculate=near[0][2] if near else True,
+            near = sorted((b - kind[0], known.speculate)
+                          for (b, decoding), known in self._kinds.items() if decoding == kind[1]
+                          and b >= kind[0] and known.decided(self.cfg.min_steps))
+            cold = kind[0] <= self.cfg.cold_batch.bit_length() or not self.cfg.enabled
+            k = self._kinds[kind] = _Kind(speculate=near[0][1] if near else cold,
                                           interval=self.cfg.probe_min)
         return k
 

@@ -120,6 +120,9 @@ class RouterRequest:
     ``RequestError`` that ends it)."""
     kv_pending: int = 0
     """KV blocks the admission counts for the request until its first verification."""
+    cached: int = 0
+    """Tokens of its prompt the verifier's prefix cache likely held at admission (the router's
+    guess, ``prefix_affinity.py``): its prefill computes the rest."""
     lookup: PromptLookupIndex = field(default_factory=PromptLookupIndex)
     """Prompt lookup over the context, kept up to date by ``lookup_index``."""
     trace: RequestTrace | None = None

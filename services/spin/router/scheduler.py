@@ -100,12 +100,12 @@ class Scheduler:
         cache has blocks for their contexts (``admission.py``)."""
         while self.waiting and len(self.running) < self.cfg.max_batch:
             first = self.waiting[0]
-            blocks = self.kv.try_admit(first.context_len, len(self.running),
-                                       self.verifier.cached_prefix(first.prompt))
+            cached = self.verifier.cached_prefix(first.prompt)
+            blocks = self.kv.try_admit(first.context_len, len(self.running), cached)
             if blocks is None:
                 break
             req = self.waiting.popleft()
-            req.kv_pending = blocks
+            req.kv_pending, req.cached = blocks, cached
             req.status = RequestStatus.RUNNING
             self.accounting.scheduled(req)
             self.running.append(req)
@@ -239,7 +239,7 @@ class Scheduler:
         return RequestView(r.request_id, r.context_len, len(r.generated), r.remaining,
                            r.sampling.greedy, p.mode, p.drafter, p.k, p.early_stop,
                            lookup_match=lookup > 0, lookup_branches=max(lookup, 1),
-                           free_branches=tuple(free.items()))
+                           free_branches=tuple(free.items()), cached=r.cached)
 
     def _verifier_outage(self, reqs: list[RouterRequest], error: str) -> None:
         now = time.monotonic()

@@ -102,7 +102,7 @@ def test_a_required_call_comes_back_as_tool_calls(client: openai.OpenAI, choice)
     assert call.id.startswith("call_") and call.type == "function"
 
 
-def test_a_streamed_call_arrives_whole_and_parse_reads_its_arguments(
+def test_a_streamed_call_arrives_in_fragments_that_make_the_whole_call(
         client: openai.OpenAI) -> None:
     kw = dict(model="target", messages=ask(2), max_tokens=64, temperature=0, tools=[WEATHER],
               tool_choice="required")
@@ -112,9 +112,10 @@ def test_a_streamed_call_arrives_whole_and_parse_reads_its_arguments(
             calls += c.delta.tool_calls or []
             assert not c.delta.content
             finish = c.finish_reason or finish
-    assert finish == "tool_calls" and len(calls) == 1
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
-    assert calls[0].function.arguments == whole.function.arguments
+    assert finish == "tool_calls" and len(calls) > 1 and {c.index for c in calls} == {0}
+    assert calls[0].id.startswith("call_") and calls[0].function.name == whole.function.name
+    assert "".join(c.function.arguments or "" for c in calls) == whole.function.arguments
 
 
 def test_auto_leaves_a_text_reply_as_text(client: openai.OpenAI) -> None:

@@ -11,14 +11,19 @@
   constrains the reply to one call, ``{"name": NAME, "arguments": {...}}`` with the arguments
   following the function's ``parameters`` schema, returned as ``message.tool_calls`` with
   ``finish_reason`` ``tool_calls``. ``auto`` (the default with tools) leaves the reply free and
-  returns it as a call when it is one; ``none`` never calls. Streamed, a call goes out in one
-  delta when the reply is complete (a reply that cannot be a call, in ``auto``, streams as text
-  from its first character that is not ``{`` or space).
+  returns it as a call when it is one; ``none`` never calls. A call's ``arguments`` are the
+  text the model wrote for them (JSON, as OpenAI's).
+- Streamed, a required or named call goes out as OpenAI streams one: a first delta with the
+  call's id and name once the model has written them, then the arguments in fragments as they
+  are generated (``CallStream``). In ``auto`` a reply that may still become a call is held back
+  and sent as one delta when complete, or streamed as text from its first character that is
+  not ``{`` or space.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from ..engine.grammar import GrammarSpec
@@ -83,9 +88,33 @@ def grammar_of(body: p.CompletionRequest | p.ChatCompletionRequest) -> GrammarSp
     return GrammarSpec("json_schema", json.dumps(fmt.json_schema.schema_))
 
 
+HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+"""The start of a call as the model writes it, up to the ``{`` of its arguments (group 1: the
+name, JSON)."""
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """The index after the JSON object that starts at ``text[start]`` (``{``), None when it
+    does not end in ``text``."""
+    depth, string, escape = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if string:
+            escape, string = (False, string) if escape else (ch == "\\", ch != '"')
+        elif ch == '"':
+            string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
 def tool_calls(body: p.ChatCompletionRequest, text: str) -> list[p.ToolCall] | None:
     """The reply as OpenAI's ``tool_calls`` when the request offers tools and the reply is a
-    call of one of them; None otherwise."""
+    call of one of them; None otherwise. The arguments are the text the model wrote."""
     mode = tool_mode(body)
     if mode is None:
         return None
@@ -97,32 +126,45 @@ def tool_calls(body: p.ChatCompletionRequest, text: str) -> list[p.ToolCall] | N
     if (not isinstance(value, dict) or value.keys() != {"name", "arguments"}
             or value["name"] not in names or not isinstance(value["arguments"], dict)):
         return None
-    return [p.ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=p.FunctionCall(
-        name=value["name"], arguments=json.dumps(value["arguments"])))]
+    head = HEAD.match(text)
+    end = _object_end(text, head.end()) if head is not None else None
+    arguments = (text[head.end():end] if end is not None
+                 else json.dumps(value["arguments"]))  # written arguments first
+    return [p.ToolCall(id=new_call_id(), function=p.FunctionCall(name=value["name"],
+                                                                 arguments=arguments))]
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class CallStream:
-    """A streamed chat reply that may be a call: text held back while it may still become one
-    (module doc), then streamed as content, or sent as one ``tool_calls`` delta at the end."""
+    """A streamed chat reply that may be a call (module doc): a required or named call streamed
+    as its arguments come; in ``auto`` text held back while it may still become a call, then
+    streamed as content or sent as one ``tool_calls`` delta at the end."""
 
     def __init__(self, body: p.ChatCompletionRequest) -> None:
         self.body = body
         self.mode = tool_mode(body)
         self._held: dict[int, str] = {}
-        """Choice index -> text held back."""
+        """Choice index -> the reply so far, while it is held back or streamed as a call."""
         self._free: set[int] = set()
         """Choices whose reply is text (streamed as it comes)."""
+        self._sent: dict[int, int] = {}
+        """Choices streaming a call -> the end of the arguments text sent so far."""
 
     def delta(self, index: int, chunk: Chunk) -> tuple[dict, str | None]:
         """The delta to send for ``chunk`` of choice ``index`` and its finish reason."""
         if self.mode is None or index in self._free:
             return {"content": chunk.text}, chunk.finish
         held = self._held.get(index, "") + chunk.text
-        if self.mode == "auto" and held.strip() and not held.lstrip().startswith("{"):
+        self._held[index] = held
+        if self.mode != "auto":  # the grammar makes the reply a call: stream it
+            return self._call_delta(index, held, chunk.finish)
+        if held.strip() and not held.lstrip().startswith("{"):
             self._free.add(index)
             self._held.pop(index, None)
             return {"content": held}, chunk.finish
-        self._held[index] = held
         if chunk.finish is None:
             return {}, None
         calls = tool_calls(self.body, held)
@@ -131,3 +173,29 @@ class CallStream:
             return {"content": held}, chunk.finish
         return {"content": None, "tool_calls": [{"index": 0, **calls[0].model_dump()}]}, \
             "tool_calls"
+
+    def _call_delta(self, index: int, held: str, finish: str | None) -> tuple[dict, str | None]:
+        """A required or named call's next delta: its id and name once written, then each
+        fragment of its arguments (never the closing brace of the call around them)."""
+        head = HEAD.match(held)
+        if head is None:  # the name is not written yet
+            if finish is None:
+                return {}, None
+            self._held.pop(index, None)  # cut short before it (max_tokens): what there is
+            return {"content": held}, finish
+        call: dict = {"index": 0}
+        if index not in self._sent:
+            self._sent[index] = head.end()
+            call |= {"id": new_call_id(), "type": "function",
+                     "function": {"name": json.loads(f'"{head.group(1)}"'), "arguments": ""}}
+        end = _object_end(held, head.end()) or len(held)
+        fragment, self._sent[index] = held[self._sent[index]:end], max(self._sent[index], end)
+        if fragment:
+            call.setdefault("function", {})["arguments"] = fragment
+        if finish is not None:
+            self._held.pop(index, None)
+            self._sent.pop(index, None)
+            finish = "tool_calls" if finish == "stop" else finish
+        if len(call) == 1 and finish is None:
+            return {}, None
+        return {"content": None, "tool_calls": [call]} if len(call) > 1 else {}, finish

@@ -90,8 +90,9 @@ class GuardConfig:
     against 0.1 s for a plain step, so it waits 250 steps; a cheap one doubles its interval)."""
 
     cold_batch: int = 1
-    """Largest batch size whose new kind of step starts speculating when no kind of its
-    decoding as large or larger has decided (larger ones start plain: module doc)."""
+    """A new kind of step in the batch-size bucket of this many requests or a smaller one
+    (``step_kind``: powers of two) starts speculating when no kind of its decoding as large or
+    larger has decided; larger ones start plain (module doc)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay < 1.0 or self.min_steps < 1 or self.cold_batch < 0:

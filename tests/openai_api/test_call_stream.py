@@ -60,6 +60,15 @@ def test_a_call_cut_short_streams_what_there_is_and_says_why() -> None:
     assert early[-1] == ({"content": CALL[:10]}, "length")
 
 
+def test_a_call_whose_name_comes_after_its_arguments_goes_out_whole() -> None:
+    text = '{"arguments": {"city": "Rome"}, "name": "get_weather"}'
+    out = stream("required", text, 4)
+    assert all(d == {} for d, _ in out[:-1])
+    d, finish = out[-1]
+    assert finish == "tool_calls" and d["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert json.loads(d["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
+
+
 def test_auto_sends_a_call_whole_and_text_as_text() -> None:
     out = stream("auto", CALL, 5)
     assert all(d == {} for d, _ in out[:-1])

@@ -24,10 +24,11 @@ nor measured: a native dependency for the router, and it has no per-position sco
 **Which occurrence.** The longest match wins; among the longest, the most recently indexed one.
 A draft (``tree``) may be capped at ``spec_factor`` times the match's length (vLLM's
 ``suffix_decoding_max_spec_factor``: a short match is weak evidence), off by default: with the
-learned policy choosing k, ``spin bench suffix --groups 10 --rounds 3`` measured 1.26x with a
-factor of 1 against 1.53x without (the policy's acceptance estimate already shortens drafts
-that fail). Measured on the evaluation split (one run each, 2-core CPU): re-measure with
-``--split tuning`` before tuning it further.
+learned policy choosing k (its acceptance estimate already shortens drafts that fail), ``spin
+bench suffix --split tuning --groups 10 --rounds 2`` measured auto with suffix decoding at
+1.728x speculation off with the factor off against 1.383x with a factor of 1 (one run each,
+2-core CPU; an earlier evaluation-split run had pointed the same way, 1.53x against 1.26x with
+/ without).
 With branching, the second branch follows the other first token that most occurrences of the
 matched gram go on with (ties: the longer match, then the more recent). A copy stops at the end
 of its stored sequence.

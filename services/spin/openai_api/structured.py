@@ -165,12 +165,16 @@ class CallStream:
             self._free.add(index)
             self._held.pop(index, None)
             return {"content": held}, chunk.finish
-        if chunk.finish is None:
+        return self._whole(index, held, chunk.finish)
+
+    def _whole(self, index: int, held: str, finish: str | None) -> tuple[dict, str | None]:
+        """The reply held back, once complete: one call, or text."""
+        if finish is None:
             return {}, None
         calls = tool_calls(self.body, held)
         self._held.pop(index, None)
         if calls is None:
-            return {"content": held}, chunk.finish
+            return {"content": held}, finish
         return {"content": None, "tool_calls": [{"index": 0, **calls[0].model_dump()}]}, \
             "tool_calls"
 
@@ -178,11 +182,8 @@ class CallStream:
         """A required or named call's next delta: its id and name once written, then each
         fragment of its arguments (never the closing brace of the call around them)."""
         head = HEAD.match(held)
-        if head is None:  # the name is not written yet
-            if finish is None:
-                return {}, None
-            self._held.pop(index, None)  # cut short before it (max_tokens): what there is
-            return {"content": held}, finish
+        if head is None:  # the name not written yet (or written after the arguments)
+            return self._whole(index, held, finish)
         call: dict = {"index": 0}
         if index not in self._sent:
             self._sent[index] = head.end()

@@ -14,8 +14,8 @@ earlier ones' prompt tail and, mostly, their outputs.
 Rows keep their source's ``domain`` and ``split`` and add ``group``, ``edit`` (0 = the
 original) and ``text`` (the version the prompt asks to repeat, without the instruction);
 ``loadgen.datasets.read_prompts`` reads the file like any ``--dataset``, and a run that wants
-the groups' order sends the rows in file order (``in_order``; ``datasets.read_jsonl`` reads them back). ``python -m
-loadgen.edit --out FILE [--domain code]`` writes one.
+the groups' order sends the rows in file order (``in_order``; ``datasets.read_jsonl`` reads
+them back). ``python -m loadgen.edit --out FILE [--domain code]`` writes one.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def grammar_of(body: p.CompletionRequest | p.ChatCompletionRequest) -> GrammarSp
     return GrammarSpec("json_schema", json.dumps(fmt.json_schema.schema_))
 
 
-HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 """The start of a call as the model writes it, up to the ``{`` of its arguments (group 1: the
 name, JSON)."""
 
@@ -126,7 +126,7 @@ def tool_calls(body: p.ChatCompletionRequest, text: str) -> list[p.ToolCall] | N
     if (not isinstance(value, dict) or value.keys() != {"name", "arguments"}
             or value["name"] not in names or not isinstance(value["arguments"], dict)):
         return None
-    head = HEAD.match(text)
+    head = CALL_HEAD.match(text)
     end = _object_end(text, head.end()) if head is not None else None
     arguments = (text[head.end():end] if end is not None
                  else json.dumps(value["arguments"]))  # written arguments first
@@ -181,7 +181,7 @@ class CallStream:
     def _call_delta(self, index: int, held: str, finish: str | None) -> tuple[dict, str | None]:
         """A required or named call's next delta: its id and name once written, then each
         fragment of its arguments (never the closing brace of the call around them)."""
-        head = HEAD.match(held)
+        head = CALL_HEAD.match(held)
         if head is None:  # the name not written yet (or written after the arguments)
             return self._whole(index, held, finish)
         call: dict = {"index": 0}

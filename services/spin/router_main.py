@@ -42,6 +42,7 @@ from .router.services import DrafterClients, VerifierClient
 from .rpc.decode import add_servicer
 from .rpc.serving import Hooks, ServerConfig, announce, serve
 from .stats import StatsStore, open_stats_store
+from .stats.suffix_share import SuffixShare
 from .timing.cost_model import CostModel
 
 log = logging.getLogger(__name__)
@@ -130,13 +131,15 @@ class Replicas:
             await pool.close()
 
 
-def local_proposers(cfg: SchedulerConfig) -> tuple[Proposer, ...]:
+def local_proposers(cfg: SchedulerConfig,
+                    share: SuffixShare | None = None) -> tuple[Proposer, ...]:
     """The router's model-free proposers that ``cfg`` offers: prompt lookup, suffix decoding
-    (its store shared by every request of this router), Predicted Outputs (requests with a
-    prediction), the grammar's forced tokens (structured-output requests)."""
+    (its store shared by every request of this router, and through ``share`` with the other
+    routers), Predicted Outputs (requests with a prediction), the grammar's forced tokens
+    (structured-output requests)."""
     return (((PromptLookup(),) if cfg.prompt_lookup else ())
-            + ((SuffixDecoding(SuffixStore(cfg.suffix_store_tokens)),) if cfg.suffix_decoding
-               else ())
+            + ((SuffixDecoding(SuffixStore(cfg.suffix_store_tokens), share),)
+               if cfg.suffix_decoding else ())
             + ((PredictedOutputs(),) if cfg.predicted_outputs else ())
             + ((GrammarDrafts(),) if cfg.grammar_drafts else ()))
 
@@ -154,8 +157,9 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     heads = tuple(DraftHead(n, lambda: replicas.verifier.available) for n in info.heads)
     if heads:
         log.info("the verifier serves draft heads %s", ", ".join(info.heads))
+    share = _suffix_share(cfg, info)
     proposers = Proposers(DrafterClients(replicas.drafters), replicas.translators,
-                          local_proposers(sched_cfg) + heads)
+                          local_proposers(sched_cfg, share) + heads)
     scheduler = Scheduler(sched_cfg, VerifierClient(replicas.verifier), proposers, policy,
                           lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           tokenizer.eos_token_id, store,
@@ -179,6 +183,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
         scheduler.stop()
         await loop_task
         store.close()
+        if share is not None:
+            share.close()
         await replicas.close()
 
     server_cfg.service_names = [GENERATION.full_name]
@@ -196,6 +202,22 @@ def _stats_store(cfg: RouterConfig) -> StatsStore:
         return open_stats_store(None)
     return open_stats_store(cfg.redis_url, on_error=lambda _: metrics.STATS_STORE_ERRORS.inc(),
                             spill_path=cfg.stats_spill, on_lost=metrics.STATS_STEPS_LOST.inc)
+
+
+def _suffix_share(cfg: RouterConfig, info) -> SuffixShare | None:
+    """Suffix decoding's texts shared through Redis (``--suffix-share``), in a stream of the
+    target's tokenizer (by its fingerprint, else its name and size), or None."""
+    sched = cfg.scheduler
+    if not (sched.suffix_share and cfg.redis_url):
+        return None
+    if not sched.suffix_decoding:
+        log.warning("--suffix-share has nothing to share with --no-suffix-decoding")
+        return None
+    namespace = info.tokenizer_fingerprint or f"{info.tokenizer}:{info.tokenizer_size}"
+    return SuffixShare(cfg.redis_url, namespace, max_entries=sched.suffix_share_entries,
+                       seed_tokens=sched.suffix_store_tokens,
+                       on_error=lambda _: metrics.SUFFIX_SHARE_ERRORS.inc(),
+                       on_texts=lambda event, n: metrics.SUFFIX_SHARE_TEXTS.labels(event).inc(n))
 
 
 def _policy(cfg: RouterConfig, store: StatsStore, cost: CostModel | None) -> Policy:

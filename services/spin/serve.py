@@ -1,11 +1,11 @@
 """``spin serve``: the whole system on one machine, as child processes on loopback ports.
 
-Starts a ``redis-server`` for acceptance statistics (or, without the binary, keeps them in the
-router's process, with a warning), the verifier with the demo target, one drafter per demo draft
-model, and the router, waits for each to report ready, prints the endpoint, and on Ctrl-C (or
-SIGTERM) stops them router first, so in-flight requests drain. Each child's log goes to
-``build/serve/<role>.log``. A child that exits is started again on its ports, and no child
-outlives ``spin serve`` (``supervisor.py``).
+``Embedded`` starts a ``redis-server`` for acceptance statistics (or, without the binary, keeps
+them in the router's process, with a warning), the verifier with the demo target, one drafter
+per demo draft model, and the router, waits for each to report ready, and stops them router
+first, so in-flight requests drain (``cli/serve.py`` prints the endpoint and stops on Ctrl-C or
+SIGTERM). Each child's log goes to ``build/serve/<role>.log``. A child that exits is started
+again on its ports, and no child outlives ``spin serve`` (``supervisor.py``).
 
 The router gets its ``RouterConfig`` whole, as the JSON file ``build/serve/router.json``
 (``spin router --config``: ``router/config.py`` writes and reads it, so no flag list is kept
@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -38,9 +37,9 @@ from .engine.memory import resolve_device
 from .engine.model_runner import RunnerConfig
 from .engine.quant import Quantization
 from .engine.quant import resolve as resolve_quantize
-from .router.config import RouterConfig, to_json
+from .router.config import RouterConfig, from_json, to_json
 from .rpc.serving import ServerConfig
-from .supervisor import Child, RestartPolicy, Supervisor, die_with_parent
+from .supervisor import Child, RestartPolicy, die_with_parent
 from .zoo.report import family_members
 from .zoo.specs import BUILD_DIR, FAMILY_DIR
 
@@ -225,6 +224,7 @@ class Embedded:
         self.router: Child | None = None
         self.timeout_s = 180.0
         """How long each child may take to say it serves."""
+        self._router_env: dict[str, str] = {}
 
     @property
     def endpoint(self) -> str:
@@ -301,20 +301,38 @@ class Embedded:
                       for c in self.children[1:]},
             redis_url=redis_url or cfg.router.redis_url,
             stats_spill=cfg.router.stats_spill or str(cfg.log_dir / "stats-pending.json"))
+        if router.scheduler.suffix_share and not router.redis_url:
+            raise RuntimeError("--suffix-share shares through Redis, and no redis-server binary "
+                               "was found (install redis-server)")
         self.router_config_path.write_text(to_json(router))
         server = ServerConfig(host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port,
                               tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
-        router_env = dict(env)  # the key goes in the environment, never in a file
+        self._router_env = dict(env)  # the key goes in the environment, never in a file
         if cfg.router.api_key:
-            router_env["SPIN_API_KEY"] = cfg.router.api_key
-        self.router = Child("router", spin_argv(
-            "router", "--config", str(self.router_config_path),
-            *server_argv(server, side_cpus)), cfg.log_dir, router_env)
-        self.router.wait_ready(self.timeout_s)
-        self.children.append(self.router)
+            self._router_env["SPIN_API_KEY"] = cfg.router.api_key
+        self.router = self._router_child("router", self.router_config_path,
+                                         server_argv(server, side_cpus))
         if router.http_port is not None and self.router.http_port != router.http_port:
             self.router_config_path.write_text(to_json(replace(
                 router, http_port=self.router.http_port)))
+
+    def add_router(self, role: str = "router-2",
+                   edit: Callable[[RouterConfig], RouterConfig] | None = None) -> Child:
+        """Another router replica over the running services and Redis, as a cluster runs
+        several (free ports, no HTTP API, a spill file of its own; ``edit``: changes to the
+        first router's config): stopped with the rest."""
+        cfg = replace(from_json(self.router_config_path.read_text()), http_port=None,
+                      stats_spill=str(self.cfg.log_dir / f"{role}-stats-pending.json"))
+        path = self.cfg.log_dir / f"{role}.json"
+        path.write_text(to_json(edit(cfg) if edit is not None else cfg))
+        return self._router_child(role, path, server_argv(ServerConfig(self.cfg.host, 0, 0)))
+
+    def _router_child(self, role: str, config: Path, server: list[str]) -> Child:
+        child = Child(role, spin_argv("router", "--config", str(config), *server),
+                      self.cfg.log_dir, self._router_env)
+        self.children.append(child)  # stopped with the rest, started or not
+        child.wait_ready(self.timeout_s)
+        return child
 
     def _start_redis(self) -> str | None:
         """Start a redis-server for the statistics (``cfg.redis``, when the binary exists): its
@@ -333,7 +351,7 @@ class Embedded:
         return self.redis.url
 
     def stop(self, grace_s: float = 30.0) -> None:
-        for c in sorted(self.children, key=lambda c: c.role != "router"):  # router first: drain
+        for c in sorted(self.children, key=lambda c: not c.role.startswith("router")):  # drain
             c.stop(grace_s)
         self.children = []
         if self.redis is not None:
@@ -346,47 +364,3 @@ class Embedded:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-
-def serve(cfg: ServeConfig) -> int:
-    """Start everything, print the endpoint, wait for Ctrl-C or SIGTERM."""
-    stop = threading.Event()
-    emb = Embedded(cfg)
-
-    def on_signal(*_) -> None:  # installed for SIGINT too: it may arrive ignored (nohup, &)
-        started = stop.is_set() or emb.router is not None
-        stop.set()
-        if not started:
-            raise KeyboardInterrupt  # abort a start in progress
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
-    try:
-        emb.start()
-        print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
-              f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
-        if emb.router.http_port:
-            scheme = "https" if cfg.tls_cert else "http"
-            print(f"OpenAI-compatible API on {scheme}://{cfg.host}:{emb.router.http_port}/v1 "
-                  f"(POST /v1/completions, /v1/chat/completions; GET /v1/models)", flush=True)
-        for c in emb.children:
-            print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}  "
-                  f"pid {c.proc.pid}", flush=True)
-        if emb.redis is not None:
-            print(f"  {'redis-server':24s} 127.0.0.1:{emb.redis.port}  pid {emb.redis.pid}",
-                  flush=True)
-        print(f'try: spin generate "def parse(path):" --endpoint {emb.endpoint}   (Ctrl-C stops)',
-              flush=True)
-        supervisor = Supervisor(emb, cfg.restart, out=lambda line: print(line, file=sys.stderr,
-                                                                         flush=True))
-        while not stop.wait(0.5):
-            fatal = supervisor.check()
-            if fatal:
-                print(fatal, file=sys.stderr, flush=True)
-                return 1
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("stopping ...", flush=True)
-        emb.stop()
-    return 0

@@ -72,11 +72,11 @@ def test_the_command_refuses_what_it_cannot_run() -> None:
 def test_tuning_runs_time_other_prompts_than_the_reported_ones() -> None:
     """``--split tuning`` (for runs that choose code or constants) never times a prompt of the
     evaluation half, of either prompt set."""
-    from spin.bench.grid import _rows
+    from spin.bench.grid import grid_rows
     from spin.cli import parser
 
     assert parser().parse_args(["bench", "grid", "--split", "tuning"]).split == "tuning"
     for prompts in ("short", "long"):
-        tuning = {r.prompt for r in _rows(GridConfig(split="tuning"), prompts, 64)}
-        evaluation = {r.prompt for r in _rows(GridConfig(), prompts, 64)}
+        tuning = {r.prompt for r in grid_rows(GridConfig(split="tuning"), prompts, 64)}
+        evaluation = {r.prompt for r in grid_rows(GridConfig(), prompts, 64)}
         assert tuning and evaluation and not tuning & evaluation, prompts

@@ -48,3 +48,16 @@ def test_the_report_divides_what_each_mode_measured() -> None:
     assert r["suffix_share_of_accepted"] == pytest.approx(4 / 5)
     assert "tokens" not in r["requests"][0]["with"]
     assert "greedy outputs that differ from off: 1" in summary(r)
+
+
+def test_the_shared_run_says_what_it_compared_and_how_long_texts_took() -> None:
+    out = [1, 2, 3, 4]
+    per = [{"group": 0, "edit": e, "pass": 0, "with": _run(1.0, out, 2, 2),
+            "without": _run(2.0, out, 4), "off": _run(2.0, out, 4)} for e in (0, 1)]
+    r = _report(SuffixBenchConfig(groups=1, rounds=1, share=True), per)
+    r["share_wait_s"] = {"median": 0.125, "max": 0.25}
+    text = summary(r)
+    assert r["config"]["share"] is True
+    assert text.startswith("tokens/s: two routers sharing suffix decoding's texts 4.0, "
+                           "without 2.0")
+    assert "reached the second router 0.125 s after its end (median; at most 0.250 s)" in text

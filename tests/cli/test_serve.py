@@ -61,6 +61,16 @@ def test_serve_refuses_a_bad_policy_config_or_drafter() -> None:
         serve_config(parser().parse_args(["serve", "--policy-config", '{"nope": 1}']))
     with pytest.raises(ValueError, match="--drafter wants NAME=PATH_OR_NAME"):
         serve_config(parser().parse_args(["serve", "--drafter", "d"]))
+    with pytest.raises(ValueError, match="--suffix-share shares through Redis: leave out "
+                                         "--no-redis"):
+        serve_config(parser().parse_args(["serve", "--suffix-share", "--no-redis"]))
+
+
+def test_serve_passes_suffix_sharing_to_the_router() -> None:
+    cfg = serve_config(parser().parse_args(["serve", "--suffix-share",
+                                            "--suffix-share-entries", "77"]))
+    assert (cfg.router.scheduler.suffix_share, cfg.router.scheduler.suffix_share_entries) == (
+        True, 77)
 
 
 @pytest.mark.parametrize("flags,weights", [

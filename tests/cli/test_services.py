@@ -26,7 +26,8 @@ EVERY = RouterConfig(
                                          retry_s=0.5),
     scheduler=SchedulerConfig(max_batch=8, max_queue=9, draft_timeout_s=0.25, micro_batches=2,
                               prompt_lookup=False, suffix_decoding=False,
-                              suffix_store_tokens=1000, grammar_drafts=False,
+                              suffix_store_tokens=1000, suffix_share=True,
+                              suffix_share_entries=99, grammar_drafts=False,
                               predicted_outputs=False, verifier_outage_s=12.5,
                               verify_timeout_s=9.0,
                               step_trace="/var/log/spin/steps.jsonl"),
@@ -98,7 +99,8 @@ def test_the_flags_give_the_config_they_name() -> None:
         "--label-selector", "app.kubernetes.io/instance=spin", "--namespace", "serving",
         "--kube-api", "http://127.0.0.1:8001", "--max-batch", "8", "--max-queue", "9",
         "--draft-timeout", "0.25", "--micro-batches", "2", "--no-prompt-lookup",
-        "--no-suffix-decoding", "--suffix-store-tokens", "1000", "--no-grammar-drafts",
+        "--no-suffix-decoding", "--suffix-store-tokens", "1000", "--suffix-share",
+        "--suffix-share-entries", "99", "--no-grammar-drafts",
         "--no-predicted-outputs",
         "--verifier-outage", "12.5", "--step-trace", "/var/log/spin/steps.jsonl",
         "--stats-spill", "/var/lib/spin/stats pending.json",
@@ -140,6 +142,8 @@ def test_the_router_parser_refuses_what_it_always_did() -> None:
         parse(["--tokenizer", "t", "--verifier", "h:1", "--default-drafter", "d"])
     with pytest.raises(ValueError, match="--policy-config: not JSON"):
         parse(["--tokenizer", "t", "--verifier", "h:1", "--policy-config", "{x"])
+    with pytest.raises(ValueError, match="--suffix-share needs --redis-url"):
+        parse(["--tokenizer", "t", "--verifier", "h:1", "--suffix-share"])
 
 
 def test_the_redis_password_is_filled_in(monkeypatch: pytest.MonkeyPatch,

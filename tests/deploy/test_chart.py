@@ -431,6 +431,12 @@ def test_the_model_free_drafters_are_values() -> None:
                                  "router.suffixStoreTokens=4096"), "spin-router")["args"]
     assert set(off) <= set(args)
     assert flag(args, "--suffix-store-tokens") == "4096"
+    assert "--suffix-share" not in args
+    args = main_container(render("--set", "router.suffixShare=true", "--set",
+                                 "router.suffixShareEntries=500"), "spin-router")["args"]
+    assert "--suffix-share" in args and flag(args, "--suffix-share-entries") == "500"
+    assert "router.suffixShare shares through Redis" in rejected(
+        "--set", "router.suffixShare=true", "--set", "redis.enabled=false")
 
 
 # --- probes, resources, security ----------------------------------------------------------------

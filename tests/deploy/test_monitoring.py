@@ -23,8 +23,10 @@ DASHBOARDS = CHART / "files" / "dashboards"
 NODE_MODULES = TOOLS / "node_modules"
 CRD_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 SCRAPED = ("router", "drafter", "verifier")
-EVENT_ONLY = {"spin:drafter_failures_total", "spin:service_resyncs_total"}
-"""Counters of failures: a healthy system has no samples of them, only their declaration."""
+EVENT_ONLY = {"spin:drafter_failures_total", "spin:service_resyncs_total",
+              "spin:suffix_share_texts_total"}
+"""Counters of failures, and of a feature off by default (``--suffix-share``): a healthy system
+with the defaults has no samples of them, only their declaration."""
 
 
 def apis(*names: str) -> list[str]:

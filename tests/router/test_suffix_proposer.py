@@ -1,11 +1,14 @@
 """Suffix decoding in the router's pool: the proposer over a shared store (unit), its wiring and
-flag, the scheduler feeding it every request, and a repeated request through the embedded
-deployment drafted from the earlier one's output, losslessly."""
+flag, the scheduler feeding it every request, a repeated request through the embedded
+deployment drafted from the earlier one's output, losslessly, and two routers sharing their
+texts through Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
+from dataclasses import replace
 
 from service_helpers import collect, scrape
 from service_helpers import request as grpc_request
@@ -14,7 +17,7 @@ from router.test_scheduler import FakeDrafter, expected, request, scheduler, ste
 from spin.engine.sampling import SamplingParams
 from spin.engine.suffix_decoding import SUFFIX_DECODING, SuffixStore
 from spin.policy.base import FixedPolicy, RequestView, StepChoice, branches, unmatched
-from spin.router.config import SchedulerConfig
+from spin.router.config import RouterConfig, SchedulerConfig
 from spin.router.requests import RequestParams, RouterRequest
 from spin.router.suffix_proposer import SuffixDecoding
 from spin.router_main import local_proposers
@@ -131,3 +134,39 @@ def test_a_repeated_request_is_drafted_by_suffix_decoding_and_lossless(serving) 
     auto, _, last = collect(serving.endpoint, grpc_request(prompt, max_tokens=40,
                                                                ignore_eos=True))
     assert auto == off
+
+
+# ---- routers sharing their texts through Redis (``--suffix-share``) ---------------------------
+
+def _sharing(cfg: RouterConfig) -> RouterConfig:
+    return replace(cfg, scheduler=replace(cfg.scheduler, suffix_share=True))
+
+
+def test_a_router_drafts_from_a_request_another_router_served(serving) -> None:
+    """Two more routers over the embedded deployment, with ``--suffix-share`` on its Redis: a
+    request served by one is drafted, by the other, from the first one's output (losslessly),
+    and both count what they shared."""
+    prompt = PROMPT + "        # shared between routers\n"  # no other test sends it
+    routers = []
+    try:
+        a = serving.add_router("router-share-a", _sharing)
+        routers.append(a)
+        b = serving.add_router("router-share-b", _sharing)
+        routers.append(b)
+        off, _, _ = collect(f"127.0.0.1:{a.port}", grpc_request(
+            prompt, max_tokens=40, mode="off", ignore_eos=True))
+        key = 'spin:suffix_share_texts_total{event="received"}'
+        deadline = time.monotonic() + 60
+        while scrape(b.metrics_port).get(key, 0) < 1:
+            assert time.monotonic() < deadline, "router b never received router a's text"
+            time.sleep(0.1)
+        ids, _, last = collect(f"127.0.0.1:{b.port}", grpc_request(
+            prompt, max_tokens=40, mode="drafter", drafter=SUFFIX_DECODING, k=8,
+            ignore_eos=True))
+        assert ids == off
+        assert last.speculation.accepted_tokens >= 30, last.speculation
+        assert scrape(a.metrics_port)['spin:suffix_share_texts_total{event="published"}'] >= 1
+    finally:
+        for child in routers:
+            child.stop(10.0)
+            serving.children.remove(child)

@@ -104,7 +104,8 @@ class GridConfig:
         return max(concurrency, 8) if self.quick else max(2 * concurrency, 16)
 
 
-def _rows(cfg: GridConfig, prompts: str, n: int) -> list[Request]:
+def grid_rows(cfg: GridConfig, prompts: str, n: int) -> list[Request]:
+    """``n`` requests of the prompt set ``prompts`` (``short`` or ``long``), ``cfg.split``'s."""
     if prompts == "short":
         return build_workload(n, seed=cfg.seed, family_dir=cfg.family_dir, split=cfg.split)
     return build_workload(n, seed=cfg.seed, rows=read_prompts(cfg.dataset), split=cfg.split)
@@ -123,7 +124,7 @@ def modes(cfg: GridConfig) -> list[tuple[str, str, int]]:
 def _cell(endpoints: Mapping[str, str], cfg: GridConfig, bench: PolicyBenchConfig,
           prompts: str, temperature: float, concurrency: int) -> dict:
     """One cell: each mode's tokens/s and mean latency, the ratios, greedy mismatches."""
-    reqs = _rows(cfg, prompts, cfg.requests(concurrency))
+    reqs = grid_rows(cfg, prompts, cfg.requests(concurrency))
     sampling = (Sampling("greedy") if temperature == 0 else
                 Sampling("sampled", temperature=temperature, top_p=cfg.top_p))
     modes_ = modes(cfg)
@@ -172,11 +173,32 @@ def run_cells(endpoints: Mapping[str, str], cfg: GridConfig,
     ``spin bench gpu``'s end-to-end part gives every mode one)."""
     bench = PolicyBenchConfig(family_dir=cfg.family_dir, new_tokens=cfg.new_tokens,
                               seed=cfg.seed)
-    for endpoint in dict.fromkeys(endpoints.values()):
-        run_requests(endpoint, _rows(cfg, "short", 1), "off", 0, bench, "warm-up",
-                     progress=False)
+    warm_up(endpoints, cfg, bench)
     return [_cell(endpoints, cfg, bench, p, t, c)
             for p, t, c in tqdm(grid, desc="grid", unit="cell", disable=not progress)]
+
+
+def warm_up(endpoints: Mapping[str, str], cfg: GridConfig, bench: PolicyBenchConfig) -> None:
+    """One request on each deployment: the models' first steps load (not a timed prompt)."""
+    for endpoint in dict.fromkeys(endpoints.values()):
+        run_requests(endpoint, grid_rows(cfg, "short", 1), "off", 0, bench, "warm-up",
+                     progress=False)
+
+
+def deployments(cfg: GridConfig, labels: list[str], stack: contextlib.ExitStack
+                ) -> dict[str, str]:
+    """A deployment per mode (``labels``), alike but for the step trace, entered on
+    ``stack``: label -> its endpoint."""
+    endpoints = {}
+    for label in tqdm(labels, desc="deployments", unit="mode"):
+        router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
+                              scheduler=SchedulerConfig(step_trace=_trace(cfg, label),
+                                                        suffix_decoding=cfg.suffix_decoding))
+        emb = stack.enter_context(Embedded(ServeConfig(
+            family_dir=cfg.family_dir, port=0, router=router,
+            log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))))
+        endpoints[label] = emb.endpoint
+    return endpoints
 
 
 def _trace(cfg: GridConfig, label: str) -> str | None:
@@ -193,16 +215,7 @@ def run_grid(cfg: GridConfig) -> dict:
     grid = [(p, t, c) for p in cfg.prompt_sets for t in cfg.temperatures
             for c in cfg.concurrencies]
     with contextlib.ExitStack() as stack:
-        endpoints = {}
-        for label, _, _ in tqdm(modes(cfg), desc="deployments", unit="mode"):
-            router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
-                                  scheduler=SchedulerConfig(
-                                      step_trace=_trace(cfg, label),
-                                      suffix_decoding=cfg.suffix_decoding))
-            emb = stack.enter_context(Embedded(ServeConfig(
-                family_dir=cfg.family_dir, port=0, router=router,
-                log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))))
-            endpoints[label] = emb.endpoint
+        endpoints = deployments(cfg, [label for label, _, _ in modes(cfg)], stack)
         cells = run_cells(endpoints, cfg, grid)
     ratios = [c["auto_over_off"] for c in cells]
     return {"config": {"quick": cfg.quick, "new_tokens": cfg.new_tokens,

@@ -20,7 +20,6 @@ import contextlib
 import re
 import statistics
 import tempfile
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from ..serve import Embedded, ServeConfig
 from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
 from .policy_config import PolicyBenchConfig, run_requests
+from .scrape import scrape
 
 MODES = ("prefix caching", "no prefix caching")
 
@@ -61,13 +61,11 @@ class PrefixBenchConfig:
 
 def _prefix_counts(port: int) -> tuple[float, float]:
     """(queries, hits) of the verifier's prefix cache counters at ``/metrics``."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = [0.0, 0.0]
-    for line in body.splitlines():
-        m = re.match(r'spin:prefix_cache_(queries|hits)_total\{[^}]*role="verifier"[^}]*\} (\S+)',
-                     line)
+    for key, value in scrape(port).items():
+        m = re.match(r'spin:prefix_cache_(queries|hits)_total\{[^}]*role="verifier"', key)
         if m:
-            out[m.group(1) == "hits"] += float(m.group(2))
+            out[m.group(1) == "hits"] += value
     return out[0], out[1]
 
 

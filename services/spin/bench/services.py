@@ -32,6 +32,7 @@ from ..v1 import generation_pb2, generation_pb2_grpc
 from ..zoo.corpus import heldout_prompts
 from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
+from .scrape import scrape
 
 
 @dataclass
@@ -71,16 +72,9 @@ STEP_HISTOGRAMS = ("spin:step_seconds", "spin:step_rpc_overhead_seconds",
 
 def _router_times(port: int, names: tuple[str, ...] = STEP_HISTOGRAMS) -> dict[str, float]:
     """``_sum`` and ``_count`` of the router's histograms ``names``, from its metrics endpoint."""
-    from urllib.request import urlopen
-
-    body = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in body.splitlines():
-        for name in names:
-            for suffix in ("_sum", "_count"):
-                if line.startswith(name + suffix + " "):
-                    out[name + suffix] = float(line.split()[1])
-    return out
+    values = scrape(port)
+    return {name + suffix: values[name + suffix] for name in names
+            for suffix in ("_sum", "_count") if name + suffix in values}
 
 
 def prompt_ids(cfg: ServicesBenchConfig) -> list[tuple[int, ...]]:

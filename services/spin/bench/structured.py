@@ -28,7 +28,6 @@ import concurrent.futures
 import json
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from ..serve import Embedded, ServeConfig
 from ..v1 import generation_pb2
 from ..zoo.specs import FAMILY_DIR
 from . import stream
+from .scrape import scrape
 
 MODES = ("with", "without", "off")
 """Auto with the grammar drafter, auto without it, speculation off (a deployment of its own)."""
@@ -114,16 +114,10 @@ def _run(endpoint: str, rows: list[dict], mode: str, temperature: float,
 
 def _grammar_share(metrics_port: int) -> dict:
     """The router's grammar seconds and step seconds so far (its /metrics)."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
-                                  timeout=30).read().decode()
-    values: dict[str, float] = {}
-    for line in body.splitlines():
-        for name in ("spin:grammar_seconds_total", "spin:step_seconds_sum",
-                     "spin:grammar_steps_total", "spin:grammar_forced_tokens_total",
-                     "spin:generation_tokens_total"):
-            if line.startswith(name + " "):
-                values[name] = float(line.split()[-1])
-    return values
+    values = scrape(metrics_port)
+    return {name: values[name] for name in (
+        "spin:grammar_seconds_total", "spin:step_seconds_sum", "spin:grammar_steps_total",
+        "spin:grammar_forced_tokens_total", "spin:generation_tokens_total") if name in values}
 
 
 def run_structured(cfg: StructuredBenchConfig, progress: bool = True) -> dict:

@@ -1,5 +1,6 @@
-"""``spin bench grid`` and ``spin bench dataset``: speculation auto against off over concurrency x
-temperature x prompt length, and the long-prompt dataset it times."""
+"""``spin bench grid``, ``spin bench rates`` and ``spin bench dataset``: speculation auto against
+off over concurrency x temperature x prompt length, and over arrival rates, and the long-prompt
+dataset they time."""
 
 from __future__ import annotations
 
@@ -99,13 +100,71 @@ def _bench_trace(args: argparse.Namespace) -> int:
 
 
 
+def _prompt_sets(text: str) -> tuple[str, ...] | None:
+    """``--prompts``' sets (``both`` is short,long); None when it names something else."""
+    given = "short,long" if text.strip() == "both" else text
+    prompts = tuple(p.strip() for p in given.split(",") if p.strip())
+    return prompts if prompts and not set(prompts) - {"short", "long"} else None
+
+
+def add_rates(bsub: argparse._SubParsersAction) -> None:
+    br = bsub.add_parser("rates", help="speculation auto vs off under Poisson arrivals, from "
+                         "light load to twice off's capacity: mean latency per rate")
+    br.add_argument("--family-dir", type=Path, default=FAMILY_DIR)
+    br.add_argument("--fractions", default="0.25,0.5,1,1.5,2",
+                    help="arrival rates as fractions of off's batched capacity (default "
+                    "0.25,0.5,1,1.5,2)")
+    br.add_argument("--requests", type=positive(int), default=32,
+                    help="requests per rate (default 32)")
+    br.add_argument("--temperatures", type=temperatures, default=(0.0, 0.8),
+                    help="comma-separated (default 0,0.8; above 0 with top-p 0.95)")
+    br.add_argument("--prompts", default="short,long", help="short, long or both (the default)")
+    br.add_argument("--dataset", type=Path, default=None,
+                    help="the long prompts (default benchmarks/datasets/unseen-long.jsonl)")
+    br.add_argument("--split", choices=("evaluation", "tuning"), default="evaluation")
+    br.add_argument("--repeat-off", action="store_true",
+                    help="run speculation off twice: the noise floor of auto / off")
+    br.add_argument("--seed", type=int, default=0)
+    br.add_argument("--policy-config", default=None,
+                    help="JSON overrides of the learned policy's settings")
+    br.add_argument("--json", default=None, help="write the report here")
+    br.set_defaults(func=_bench_rates)
+
+
+def _bench_rates(args: argparse.Namespace) -> int:
+    from ..bench.grid import GridConfig
+    from ..bench.rates import RatesConfig, run_rates, table
+    from ..bench.unseen import DEFAULT_OUT
+
+    prompts = _prompt_sets(args.prompts)
+    try:
+        fractions = tuple(float(x) for x in args.fractions.split(",") if x.strip())
+        overrides = policy_overrides(args.policy_config)
+    except ValueError as e:
+        return fail("bench rates", e)
+    if prompts is None:
+        return fail("bench rates", f"--prompts takes short, long or both, got {args.prompts!r}")
+    if not fractions or min(fractions) <= 0:
+        return fail("bench rates", f"--fractions wants numbers > 0, got {args.fractions!r}")
+    grid = GridConfig(args.family_dir, temperatures=args.temperatures,
+                      dataset=args.dataset or DEFAULT_OUT, prompt_sets=prompts,
+                      split=args.split, repeat_off=args.repeat_off, seed=args.seed,
+                      policy_config=overrides)
+    report = run_rates(RatesConfig(grid, fractions, args.requests))
+    print(table(report))
+    print(f"auto / off mean latency: max {report['max_auto_over_off_latency']:.3f}x, median "
+          f"{report['median_auto_over_off_latency']:.3f}x; greedy outputs that differ from "
+          f"off: {report['greedy_mismatches']}")
+    write_json(args.json, report)
+    return 0 if report["greedy_mismatches"] == 0 else 1
+
+
 def _bench_grid(args: argparse.Namespace) -> int:
     from ..bench.grid import GridConfig, plot_grid, run_grid, table
     from ..bench.unseen import DEFAULT_OUT
 
-    given = "short,long" if args.prompts.strip() == "both" else args.prompts
-    prompts = tuple(p.strip() for p in given.split(",") if p.strip())
-    if not prompts or set(prompts) - {"short", "long"}:
+    prompts = _prompt_sets(args.prompts)
+    if prompts is None:
         return fail("bench grid", "--prompts takes short, long, short,long or both, got "
                     f"{args.prompts!r}")
     fixed = None

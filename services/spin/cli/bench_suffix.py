@@ -29,6 +29,10 @@ def add_suffix(bsub: argparse._SubParsersAction) -> None:
     bs.add_argument("--seed", type=int, default=0)
     bs.add_argument("--policy-config", default=None,
                     help="JSON overrides of the learned policy's settings (both deployments)")
+    bs.add_argument("--share", action="store_true",
+                    help="compare two routers sharing suffix decoding's texts through Redis "
+                    "(--suffix-share) against two that do not: originals to the first router, "
+                    "edits to the second")
     bs.add_argument("--json", default=None, help="write the report here")
     bs.set_defaults(func=_bench_suffix)
 
@@ -45,7 +49,7 @@ def _bench_suffix(args: argparse.Namespace) -> int:
     try:
         report = run_suffix(SuffixBenchConfig(
             args.family_dir, args.dataset, args.split, args.groups, args.rounds, args.edits,
-            args.words, args.new_tokens, args.seed, overrides))
+            args.words, args.new_tokens, args.seed, overrides, args.share))
     except ValueError as e:
         return fail("bench suffix", e)
     print(summary(report))

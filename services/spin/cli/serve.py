@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,9 +111,14 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                                     verifier_outage_s=args.verifier_outage,
                                                     suffix_decoding=not args.no_suffix_decoding,
                                                     suffix_store_tokens=args.suffix_store_tokens,
+                                                    suffix_share=args.suffix_share,
+                                                    suffix_share_entries=args
+                                                    .suffix_share_entries,
                                                     grammar_drafts=not args.no_grammar_drafts,
                                                     predicted_outputs=not
                                                     args.no_predicted_outputs))
+    if args.suffix_share and args.no_redis:
+        raise ValueError("--suffix-share shares through Redis: leave out --no-redis")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -139,9 +147,57 @@ def _serve(args: argparse.Namespace) -> int:
             from ..plan import plan_serve
 
             return plan_serve(cfg, args.gpu_memory)
-        from ..serve import drafter_quantization, serve
+        from ..serve import drafter_quantization
 
         drafter_quantization(cfg)  # refused here, before any child starts
     except ValueError as e:
         return fail("serve", e)
-    return serve(cfg)
+    return _run(cfg)
+
+
+def _run(cfg: ServeConfig) -> int:
+    """Start everything, print the endpoint, wait for Ctrl-C or SIGTERM."""
+    from ..serve import Embedded
+    from ..supervisor import Supervisor
+
+    stop = threading.Event()
+    emb = Embedded(cfg)
+
+    def on_signal(*_) -> None:  # installed for SIGINT too: it may arrive ignored (nohup, &)
+        started = stop.is_set() or emb.router is not None
+        stop.set()
+        if not started:
+            raise KeyboardInterrupt  # abort a start in progress
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
+    try:
+        emb.start()
+        print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
+              f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
+        if emb.router.http_port:
+            scheme = "https" if cfg.tls_cert else "http"
+            print(f"OpenAI-compatible API on {scheme}://{cfg.host}:{emb.router.http_port}/v1 "
+                  f"(POST /v1/completions, /v1/chat/completions; GET /v1/models)", flush=True)
+        for c in emb.children:
+            print(f"  {c.role:24s} 127.0.0.1:{c.port}  metrics :{c.metrics_port}  "
+                  f"pid {c.proc.pid}", flush=True)
+        if emb.redis is not None:
+            print(f"  {'redis-server':24s} 127.0.0.1:{emb.redis.port}  pid {emb.redis.pid}",
+                  flush=True)
+        print(f'try: spin generate "def parse(path):" --endpoint {emb.endpoint}   (Ctrl-C stops)',
+              flush=True)
+        supervisor = Supervisor(emb, cfg.restart, out=lambda line: print(line, file=sys.stderr,
+                                                                         flush=True))
+        while not stop.wait(0.5):
+            fatal = supervisor.check()
+            if fatal:
+                print(fatal, file=sys.stderr, flush=True)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping ...", flush=True)
+        emb.stop()
+    return 0

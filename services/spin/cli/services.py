@@ -249,12 +249,15 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   prompt_lookup=not args.no_prompt_lookup,
                                   suffix_decoding=not args.no_suffix_decoding,
                                   suffix_store_tokens=args.suffix_store_tokens,
+                                  suffix_share=args.suffix_share,
+                                  suffix_share_entries=args.suffix_share_entries,
                                   grammar_drafts=not args.no_grammar_drafts,
                                   predicted_outputs=not args.no_predicted_outputs))
 
 
 def suffix_flags(g: argparse._ActionsContainer) -> None:
-    """``--no-suffix-decoding``, ``--suffix-store-tokens``, ``--no-grammar-drafts`` and
+    """``--no-suffix-decoding``, ``--suffix-store-tokens``, ``--suffix-share``,
+    ``--suffix-share-entries``, ``--no-grammar-drafts`` and
     ``--no-predicted-outputs`` (``spin router``, ``spin serve``)."""
     g.add_argument("--no-suffix-decoding", action="store_true",
                    help="do not offer suffix decoding (drafts from earlier requests' prompts and "
@@ -262,6 +265,12 @@ def suffix_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--suffix-store-tokens", type=positive(int), default=65536, metavar="N",
                    help="tokens suffix decoding's store keeps (about 0.75 KB each; least "
                    "recently used requests' texts are evicted past them)")
+    g.add_argument("--suffix-share", action="store_true",
+                   help="share suffix decoding's texts with the other routers on the same Redis "
+                   "(each finished request's prompt and output, as token ids, in a Redis stream "
+                   "they all read; needs Redis)")
+    g.add_argument("--suffix-share-entries", type=positive(int), default=4096, metavar="N",
+                   help="requests' texts the shared stream keeps (the newest)")
     g.add_argument("--no-grammar-drafts", action="store_true",
                    help="do not use what a structured-output request's grammar forces next "
                    "(keys, brackets, enum values): no grammar drafts, no jump-forward")
@@ -281,6 +290,8 @@ def check_router_config(cfg: RouterConfig) -> None:
                          f"{sorted(cfg.drafters) + sorted(MODEL_FREE)}")
     if not cfg.tokenizer:
         raise ValueError("--tokenizer is required")
+    if cfg.scheduler.suffix_share and not cfg.redis_url:
+        raise ValueError("--suffix-share needs --redis-url (the routers share through Redis)")
     try:
         if not isinstance(cfg.policy_config, dict):
             raise ValueError(f"needs a JSON object, got {cfg.policy_config!r}")

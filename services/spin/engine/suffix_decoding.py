@@ -119,6 +119,11 @@ class SuffixStore:
         seq = self._seqs.get(key)
         return len(seq.tokens) if seq is not None else 0
 
+    def sequence(self, key: str) -> list[int]:
+        """The tokens stored of ``key`` (empty when absent)."""
+        seq = self._seqs.get(key)
+        return list(seq.tokens) if seq is not None else []
+
     # ---- writing ----------------------------------------------------------------------------
     def extend(self, key: str, tokens: Iterable[int], scored: bool = True) -> None:
         """Append tokens to sequence ``key`` (a new one when absent): it becomes the most

@@ -46,6 +46,12 @@ or ``prompt-lookup``), which no other serving system exports. Useful queries:
 
 - acceptance statistics lost at router shutdowns (Redis down, no ``--stats-spill``):
   ``increase(spin:stats_steps_lost_total[1d])``
+- suffix decoding's texts shared between routers (``--suffix-share``) per second, and the share
+  dropped (Redis down, or a router not taking them in)::
+
+    sum by (event) (rate(spin:suffix_share_texts_total[5m]))
+    sum(rate(spin:suffix_share_texts_total{event="dropped"}[5m]))
+      / sum(rate(spin:suffix_share_texts_total{event="published"}[5m]))
 """
 
 from __future__ import annotations
@@ -137,6 +143,13 @@ STATS_STORE_ERRORS = Counter("spin:stats_store_errors", "Failed writes/reads of 
 STATS_STEPS_LOST = Counter("spin:stats_steps_lost",
                            "Acceptance statistics (steps) dropped: not written to Redis at "
                            "shutdown and no spill file to keep them (--stats-spill).")
+SUFFIX_SHARE_TEXTS = Counter("spin:suffix_share_texts",
+                             "Requests' texts suffix decoding shares with the other routers "
+                             "(--suffix-share): published to Redis, received from the other "
+                             "routers, dropped (unsent while Redis was down, or received past "
+                             "the store's budget before it took them in).", ["event"])
+SUFFIX_SHARE_ERRORS = Counter("spin:suffix_share_errors",
+                              "Failed Redis calls of suffix decoding's sharing (retried).")
 REPLICAS = Gauge("spin:replicas", "Replicas the router knows per service (from discovery).",
                  ["role", "drafter"])
 PREFIX_ROUTING = Counter("spin:prefix_routing",

@@ -186,10 +186,11 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = Field(None, max_length=128)
     """Functions the reply may call (rendered into the prompt by the chat template)."""
     tool_choice: ToolChoice | None = None
-    """none, auto (default with tools: text, or a call when the reply is one), required (one
-    call, its arguments following the function's schema) or a named function."""
+    """none, auto (default with tools: text, or calls when the reply is calls), required (calls,
+    their arguments following the functions' schemas) or a named function (one call of it)."""
     parallel_tool_calls: bool | None = None
-    """Accepted; a reply calls one function at most."""
+    """With ``auto`` or ``required``, the reply may call several functions (a JSON array of
+    calls); false: one call at most. None: true, as OpenAI's default."""
 
 
 # ---- responses ------------------------------------------------------------------------------------

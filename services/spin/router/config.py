@@ -52,6 +52,15 @@ class SchedulerConfig:
     suffix_store_tokens: int = 65536
     """Tokens suffix decoding's store keeps (about 0.75 KB of the router's memory each); past
     them the least recently used requests' texts are evicted."""
+    suffix_share: bool = False
+    """Share suffix decoding's texts (with it on) with the other routers on ``redis_url`` (which
+    it needs):
+    each finished request's prompt and output go to a Redis stream that every router on that
+    Redis reads into its store, and a router that starts reads the latest first
+    (``stats/suffix_share.py``). Off by default: the stream holds users' texts."""
+    suffix_share_entries: int = 4096
+    """Texts (requests) the shared stream keeps, the newest (approximately: Redis trims whole
+    nodes)."""
     grammar_drafts: bool = True
     """Use the grammar's forced tokens (structured-output requests only): where the grammar
     allows one continuation, offer it as a draft to the policy (``router/structured.py``);

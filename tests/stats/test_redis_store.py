@@ -4,22 +4,12 @@ file and written by the next store on that file, exactly once; without a file it
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from spin.stats import RedisServer, RedisStatsStore, find_redis_server
-
-
-@pytest.fixture
-def persistent(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server whose data survives its restarts (as ``spin serve`` runs it)."""
-    if find_redis_server() is None:
-        pytest.fail("redis-server is required for tests/stats (apt-get install redis-server)")
-    with RedisServer(data_dir=tmp_path / "redis") as server:
-        yield server
+from spin.stats import RedisServer, RedisStatsStore
 
 
 def drafts(url: str, drafter: str) -> int:

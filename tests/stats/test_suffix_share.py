@@ -6,25 +6,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
-from spin.stats import RedisServer, find_redis_server
+from spin.stats import RedisServer
 from spin.stats.suffix_share import SuffixShare, pack, unpack
 
 DEADLINE_S = 30.0
 """How long a text may take to arrive (a busy machine; it takes ~poll_s when idle)."""
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server whose data survives its restarts."""
-    if find_redis_server() is None:
-        pytest.fail("redis-server is required for tests/stats (apt-get install redis-server)")
-    with RedisServer(data_dir=tmp_path / "redis") as s:
-        yield s
 
 
 @pytest.fixture
@@ -62,8 +52,8 @@ def test_tokens_pack_as_little_endian_uint32() -> None:
 
 
 def test_routers_receive_each_others_texts_and_not_their_own(
-        server: RedisServer, shares: Callable[..., SuffixShare]) -> None:
-    a, b = shares(server.url), shares(server.url)
+        persistent: RedisServer, shares: Callable[..., SuffixShare]) -> None:
+    a, b = shares(persistent.url), shares(persistent.url)
     until(lambda: a.seeded and b.seeded)
     a.publish([1, 2, 3, 4])
     a.publish([5, 6, 7])
@@ -77,15 +67,15 @@ def test_routers_receive_each_others_texts_and_not_their_own(
 
 
 def test_a_router_that_starts_is_seeded_with_the_newest_history_of_its_namespace(
-        server: RedisServer, shares: Callable[..., SuffixShare]) -> None:
-    a = shares(server.url)
+        persistent: RedisServer, shares: Callable[..., SuffixShare]) -> None:
+    a = shares(persistent.url)
     texts = [[i] * 10 for i in range(1, 8)]  # 70 tokens
     for t in texts:
         a.publish(t)
     until(lambda: a.published == 7)
-    late = shares(server.url, seed_tokens=45)  # the newest 4 texts fit, not 5
+    late = shares(persistent.url, seed_tokens=45)  # the newest 4 texts fit, not 5
     assert collect(late, 4) == texts[3:]
-    other = shares(server.url, namespace="another-tokenizer")
+    other = shares(persistent.url, namespace="another-tokenizer")
     until(lambda: other.seeded)
     a.publish([42, 43])
     assert collect(late, 1) == [[42, 43]]
@@ -93,36 +83,37 @@ def test_a_router_that_starts_is_seeded_with_the_newest_history_of_its_namespace
     assert other.take() == [] and other.received == 0
 
 
-def test_the_stream_keeps_about_max_entries(server: RedisServer,
+def test_the_stream_keeps_about_max_entries(persistent: RedisServer,
                                             shares: Callable[..., SuffixShare]) -> None:
-    a = shares(server.url, max_entries=10, max_pending=600)
+    a = shares(persistent.url, max_entries=10, max_pending=600)
     for i in range(600):
         a.publish([i, i + 1])
     until(lambda: a.published == 600)
-    with redis.Redis.from_url(server.url) as client:
+    with redis.Redis.from_url(persistent.url) as client:
         kept = client.xlen(a.key)
     assert 10 <= kept <= 10 + 100  # MAXLEN ~: Redis trims whole nodes (100 entries each)
 
 
 def test_an_outage_delays_texts_and_drops_only_past_max_pending(
-        server: RedisServer, shares: Callable[..., SuffixShare]) -> None:
-    a, b = shares(server.url, max_pending=3), shares(server.url)
+        persistent: RedisServer, shares: Callable[..., SuffixShare]) -> None:
+    a, b = shares(persistent.url, max_pending=3), shares(persistent.url)
     until(lambda: a.seeded and b.seeded)
-    server.stop()
+    persistent.stop()
     for i in range(5):
         a.publish([i, i, i])  # returns at once, Redis or not
     assert a.pending <= 3 and a.dropped >= 2
     until(lambda: a.errors > 0)
-    server.start()
+    persistent.start()
     got = collect(b, 3)
     assert got == [[2, 2, 2], [3, 3, 3], [4, 4, 4]]  # the newest three; the oldest two dropped
     assert a.dropped == 2 and a.pending == 0
 
 
-def test_close_sends_what_waits(server: RedisServer, shares: Callable[..., SuffixShare]) -> None:
-    b = shares(server.url)
+def test_close_sends_what_waits(persistent: RedisServer,
+                                shares: Callable[..., SuffixShare]) -> None:
+    b = shares(persistent.url)
     until(lambda: b.seeded)
-    a = SuffixShare(server.url, "tok", poll_s=0.05)
+    a = SuffixShare(persistent.url, "tok", poll_s=0.05)
     a.publish([7, 8, 9])
     a.close()
     assert a.pending == 0 and a.dropped == 0

@@ -40,3 +40,12 @@ def test_the_command_refuses_what_it_cannot_sweep() -> None:
         r = subprocess.run([sys.executable, "-m", "spin", "bench", "rates", *flags],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_the_command_takes_a_step_trace_as_the_grid_does() -> None:
+    from pathlib import Path
+
+    from spin.cli import parser
+
+    args = parser().parse_args(["bench", "rates", "--trace", "steps.jsonl", "--prompts", "long"])
+    assert args.trace == Path("steps.jsonl") and args.prompts == "long"

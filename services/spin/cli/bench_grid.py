@@ -128,6 +128,9 @@ def add_rates(bsub: argparse._SubParsersAction) -> None:
     br.add_argument("--policy-config", default=None,
                     help="JSON overrides of the learned policy's settings")
     br.add_argument("--json", default=None, help="write the report here")
+    br.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                    help="auto's router's step trace (JSON Lines; off's beside it, -off added "
+                    "to the name; `spin bench trace` summarises it)")
     br.set_defaults(func=_bench_rates)
 
 
@@ -149,7 +152,8 @@ def _bench_rates(args: argparse.Namespace) -> int:
     grid = GridConfig(args.family_dir, temperatures=args.temperatures,
                       dataset=args.dataset or DEFAULT_OUT, prompt_sets=prompts,
                       split=args.split, repeat_off=args.repeat_off, seed=args.seed,
-                      policy_config=overrides)
+                      policy_config=overrides,
+                      trace=args.trace.resolve() if args.trace else None)
     report = run_rates(RatesConfig(grid, fractions, args.requests))
     print(table(report))
     print(f"auto / off mean latency: max {report['max_auto_over_off_latency']:.3f}x, median "

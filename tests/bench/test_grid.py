@@ -48,13 +48,15 @@ def test_the_command_parses_its_lists() -> None:
     assert parser().parse_args(["bench", "grid", "--suffix-decoding"]).suffix_decoding is True
 
 
-def test_each_mode_has_a_deployment_and_auto_and_off_a_trace_each(tmp_path: Path) -> None:
+def test_each_mode_has_a_deployment_and_a_trace_of_its_own(tmp_path: Path) -> None:
     cfg = GridConfig(fixed=("draft-code", 3), repeat_off=True, trace=tmp_path / "steps.jsonl")
     assert [m[0] for m in modes(cfg)] == ["off", "auto", "draft-code:k3", OFF_AGAIN]
     assert modes(GridConfig())[1] == ("auto", "auto", 0) and len(modes(GridConfig())) == 2
     assert _trace(cfg, "auto") == str(tmp_path / "steps.jsonl")
     assert _trace(cfg, "off") == str(tmp_path / "steps-off.jsonl")
-    assert _trace(cfg, OFF_AGAIN) is None and _trace(GridConfig(), "auto") is None
+    assert _trace(cfg, OFF_AGAIN) == str(tmp_path / "steps-off-again.jsonl")
+    assert _trace(cfg, "draft-code:k3") == str(tmp_path / "steps-draft-code-k3.jsonl")
+    assert _trace(GridConfig(), "auto") is None
     assert GridConfig().suffix_decoding is False  # repeated prompts would flatter it
 
 

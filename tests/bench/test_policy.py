@@ -10,10 +10,13 @@ import pytest
 
 from spin.bench.pipeline import pipeline, shared_cores
 from loadgen.workload import build_workload
-from spin.bench.policy_config import (GREEDY, SAMPLED, PolicyBenchConfig, round_seed,
-                                      run_requests)
+from spin.bench.policy_config import (GREEDY, SAMPLED, PolicyBenchConfig, learned_router,
+                                      round_seed, run_requests)
+from spin.bench import policy_goodput
 from spin.bench.policy_goodput import (best_fixed, goodput, grid, held_out, medians,
-                                       model_and_lookup_drafters, per_request_best)
+                                       model_and_lookup_drafters, per_request_best,
+                                       warm_learned)
+from spin.bench.scrape import scrape
 from spin.bench.policy_sweep import load_sweep
 from spin.engine.prompt_lookup import PROMPT_LOOKUP
 from spin.policy.goodput import ControllerConfig
@@ -42,6 +45,16 @@ def testheld_out_times_each_pass_with_the_choice_of_the_others() -> None:
     assert held_out(E2E, best_fixed) == [pytest.approx(0.9), 1.0]  # b on both: no choice differs
     one = {c: runs[:1] for c, runs in E2E.items()}  # one pass: chosen and timed on it
     assert held_out(one, per_request_best) == [1.0, 1.0]
+
+
+def test_benchmarks_that_repeat_their_prompts_run_without_suffix_decoding(
+        tmp_path: Path) -> None:
+    # its store would draft a repeated request from the output an earlier configuration gave it
+    assert RouterConfig().scheduler.suffix_decoding is True  # the serving default differs
+    r = learned_router({"k_max": 8}, tmp_path / "cost.json")
+    assert r.scheduler.suffix_decoding is False and r.policy == "learned"
+    assert r.policy_config == {"k_max": 8} and r.cost_model == str(tmp_path / "cost.json")
+    assert learned_router().policy_config == {} and learned_router().cost_model is None
 
 
 def test_the_grid_covers_every_k_the_learned_policy_may_use() -> None:
@@ -115,6 +128,38 @@ def test_goodput_and_sweep_sections_on_the_shared_deployment(serving: Embedded) 
     assert row["rate"] == pytest.approx(2.0 * sweep["capacity_req_s"])
     assert row["auto_not_worse"] == (row["auto_mean_latency_s"] <= row["off_mean_latency_s"]
                                      and row["auto_p99_latency_s"] <= row["off_p99_latency_s"])
+
+
+def _finished(emb: Embedded) -> float:
+    """Requests the deployment's router has finished, by every reason."""
+    return sum(v for k, v in scrape(emb.router.metrics_port).items()
+               if k.startswith("spin:request_success_total"))
+
+
+def test_the_learned_policy_runs_on_its_own_deployment_warmed_on_tuning_prompts(
+        serving: Embedded, serving_model_drafters: Embedded,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its Redis learns the drafters on tuning prompts, never from the fixed configurations'
+    runs of the prompts it is timed on; those run on the other deployment."""
+    cfg, mine = Tiny(new_tokens=8), serving_model_drafters
+    workload = build_workload(cfg.requests, seed=0, split="evaluation")
+    splits: list[str] = []
+
+    def recording(*args, split, **kwargs):  # type: ignore[no-untyped-def]
+        splits.append(split)
+        return build_workload(*args, split=split, **kwargs)
+
+    monkeypatch.setattr(policy_goodput, "build_workload", recording)
+    shared0, mine0 = _finished(serving), _finished(mine)
+    warm_learned(mine, workload, [PROMPT_LOOKUP], cfg, (GREEDY, SAMPLED))
+    assert splits == ["tuning"]  # the timed prompts only pass once, speculation off
+    assert _finished(mine) - mine0 == 2 * len(workload) + len(workload)
+    report, mismatches, _ = goodput(serving, workload, [PROMPT_LOOKUP], cfg, GREEDY, None, mine)
+    runs = cfg.rounds * len(workload)
+    assert mismatches == 0 and report["learned_deployment"] == "own, warmed on tuning prompts"
+    assert _finished(mine) - mine0 == 3 * len(workload) + runs  # + the learned passes
+    assert _finished(serving) - shared0 == 2 * runs  # off and prompt-lookup:k2 only
+    assert report["learned_first_pass"] > 0 and report["learned_first_pass_over_best_fixed"] > 0
 
 
 def test_each_pass_of_a_sampled_workload_draws_new_outputs(serving: Embedded) -> None:

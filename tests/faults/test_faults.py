@@ -32,8 +32,9 @@ from spin.v1 import generation_pb2_grpc
 REQUESTS = 64
 NEW_TOKENS = 48
 DRAFTERS = ("draft-code", "draft-prose")
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="the parent-death signal is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="the parent-death signal is Linux's"),
+              pytest.mark.timing]  # restarts and stops within deadlines: `make test-busy`
 
 
 @dataclass

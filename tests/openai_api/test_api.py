@@ -295,6 +295,7 @@ def test_tls_on_grpc_and_http(tls) -> None:
         _grpc_ids(s.grpc, prompt=PROMPT, max_tokens=2)
 
 
+@pytest.mark.timing  # stops within a deadline: `make test-busy`
 def test_sigterm_lets_a_running_stream_finish_and_stops_promptly(client: openai.OpenAI,
                                                                  model: str,
                                                                  served: Served) -> None:

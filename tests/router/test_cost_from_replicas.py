@@ -13,12 +13,16 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from service_helpers import request
 
 from spin.policy.goodput import ControllerConfig, SpecLengthController
 from spin.router.cost import ReplicaCosts
 from spin.supervisor import Child
 from spin.v1 import generation_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
 
 PROMPT = "def f(x):\n    return x\n\ndef g(x):\n    return x\n\ndef h(x):\n    return"
 RATES = (0.05, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3)

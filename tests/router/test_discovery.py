@@ -24,6 +24,9 @@ from spin.router.discovery import (Endpoints, KubernetesDiscovery, KubernetesDis
 from spin.serve import Child, spin_argv
 from spin.zoo.specs import FAMILY_DIR
 
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
+
 RELEASE = {"app.kubernetes.io/instance": "test"}
 SELECTOR = "app.kubernetes.io/instance=test"
 

@@ -31,6 +31,9 @@ from spin.rpc.convert import sampling_from_proto, tree_from_wire, tree_to_wire
 from spin.v1 import drafter_pb2, verifier_pb2
 from spin.router.streaming import Chunk, RequestError
 
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
+
 V = 97
 """The toy model's vocabulary."""
 

@@ -10,6 +10,7 @@ import random
 import time
 from dataclasses import replace
 
+import pytest
 from service_helpers import collect, scrape
 from service_helpers import request as grpc_request
 from router.test_scheduler import FakeDrafter, expected, request, scheduler, steps
@@ -21,6 +22,9 @@ from spin.router.config import RouterConfig, SchedulerConfig
 from spin.router.requests import RequestParams, RouterRequest
 from spin.router.suffix_proposer import SuffixDecoding
 from spin.router_main import local_proposers
+
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
 
 
 def _req(rid: str, prompt: list[int], generated: list[int] = ()) -> RouterRequest:

@@ -23,6 +23,9 @@ from spin.stats import (
 )
 from spin.policy.population import population_entry, population_name
 
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
+
 Step = tuple[str, int, int, float, float]
 
 # (drafter, k, accepted, draft_s, verify_s)

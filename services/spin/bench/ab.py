@@ -12,6 +12,8 @@ median end-to-end seconds of each, and the totals' ratios (B / A < 1: B is faste
 against itself measures the noise floor. The workload is greedy, or sampled
 (``ABConfig.sampling``, ``--sampled``: the headline workload of ``spin bench policy``), with the
 same seeds on A, B and the reference, new ones each pass (``policy_config.round_seed``).
+Both deployments run without suffix decoding (``policy_config.learned_router``): every request
+is sent again and again, and its store would draft each one from its earlier outputs.
 """
 
 from __future__ import annotations
@@ -27,10 +29,9 @@ from tqdm import tqdm
 from loadgen.workload import build_workload
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
-from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import FAMILY_DIR
-from .policy_config import GREEDY, PolicyBenchConfig, Sampling, run_requests
+from .policy_config import GREEDY, PolicyBenchConfig, Sampling, learned_router, run_requests
 
 
 @dataclass
@@ -67,9 +68,7 @@ def run_ab(cfg: ABConfig) -> dict:
                               split="tuning")
 
     def deployment(overrides: str) -> Embedded:
-        router = RouterConfig(policy="learned",
-                              cost_model=str(cfg.cost_model) if cfg.cost_model else None,
-                              policy_config=json.loads(overrides))
+        router = learned_router(json.loads(overrides), cfg.cost_model)
         return Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
                                     log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-ab-"))))
 

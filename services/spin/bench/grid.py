@@ -34,6 +34,7 @@ with top-p 0.95, request ``i`` with seed ``seed + i`` in every mode.
 from __future__ import annotations
 
 import contextlib
+import re
 import statistics
 import tempfile
 from collections.abc import Mapping
@@ -90,8 +91,8 @@ class GridConfig:
     policy_config: dict = field(default_factory=dict)
     """Overrides of the learned policy's settings (``learned_config``)."""
     trace: Path | None = None
-    """Auto's router's step trace (``router/step_trace.py``; appended to; off's beside it,
-    ``-off`` added to its name); None: none."""
+    """Auto's router's step trace (``router/step_trace.py``; appended to; each other mode's
+    beside it, its label added to the name: ``-off``, ``-off-again``); None: none."""
     suffix_decoding: bool = False
     """Offer suffix decoding in the deployments (module doc: off, repeated prompts flatter it)."""
 
@@ -202,11 +203,15 @@ def deployments(cfg: GridConfig, labels: list[str], stack: contextlib.ExitStack
 
 
 def _trace(cfg: GridConfig, label: str) -> str | None:
-    """Auto's trace at ``cfg.trace``, off's beside it; None for the other modes."""
-    if cfg.trace is None or label not in ("auto", "off"):
+    """Auto's trace at ``cfg.trace``; every other mode's beside it, its label added to the name
+    (``-off``, ``-off-again``, ``-draft-code-k4``): off again's steps against off's are the
+    noise floor of a step-by-step comparison."""
+    if cfg.trace is None:
         return None
-    return str(cfg.trace if label == "auto" else
-               cfg.trace.with_name(f"{cfg.trace.stem}-off{cfg.trace.suffix}"))
+    if label == "auto":
+        return str(cfg.trace)
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+    return str(cfg.trace.with_name(f"{cfg.trace.stem}-{tag}{cfg.trace.suffix}"))
 
 
 def run_grid(cfg: GridConfig) -> dict:

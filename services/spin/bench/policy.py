@@ -18,10 +18,14 @@ split, disjoint by document), ``new_tokens`` each. Measured in one run:
 4. Pipelining (``pipeline.py``, on a deployment of its own with the cores split between the
    verifier and the drafting side) and request decomposition (``_decomposition``), each on vs
    off.
+
+Suffix decoding is off (``policy_config.learned_router``): every configuration sends the same
+prompts, and its store would draft the learned policy's requests from their earlier outputs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
@@ -30,14 +34,13 @@ from pathlib import Path
 
 import grpc
 
-from loadgen.workload import build_workload
+from loadgen.workload import Request, build_workload
 
-from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..verifier.decompose import decompose, padded_fraction
 from .pipeline import pipeline, shared_cores
-from .policy_config import GREEDY, PolicyBenchConfig, run_requests
-from .policy_goodput import LEARNED, goodput, model_and_lookup_drafters
+from .policy_config import GREEDY, PolicyBenchConfig, learned_router, run_requests
+from .policy_goodput import LEARNED, goodput, model_and_lookup_drafters, warm_learned
 from .policy_sweep import load_sweep, plot_sweep
 
 
@@ -60,38 +63,56 @@ def replica_fit_error(emb: Embedded) -> dict[str, float]:
     return costs.fit_error()
 
 
+def _cold_start(emb: Embedded, workload: list[Request], cfg: PolicyBenchConfig
+                ) -> tuple[dict, int, list[list[int]]]:
+    """The learned policy on the fresh deployment (empty Redis), per workload, against off:
+    ``{workload: {"learned", "off"} tokens/s}``, greedy mismatches, off's greedy outputs. One
+    request without speculation first warms the processes (it records no drafter
+    statistics); greedy and sampled requests keep separate statistics, so the sampled run is
+    cold as well after the greedy one."""
+    run_requests(emb.endpoint, workload[:1], "off", 0, cfg, "warm-up", progress=False)
+    tokens = len(workload) * cfg.new_tokens
+    out: dict = {}
+    mismatches, reference = 0, []
+    for sampling in cfg.workloads:
+        off, _ = run_requests(emb.endpoint, workload, "off", 0, cfg,
+                              f"cold start: off ({sampling.name})", sampling=sampling)
+        cold, _ = run_requests(emb.endpoint, workload, "auto", 0, cfg,
+                               f"cold start: learned ({sampling.name})", sampling=sampling)
+        if sampling == GREEDY:
+            reference = [r.token_ids for r in off]
+            mismatches = sum(r.token_ids != ref for r, ref in zip(cold, reference))
+        out[sampling.name] = {"learned": tokens / sum(r.e2e_s for r in cold),
+                              "off": tokens / sum(r.e2e_s for r in off)}
+    return out, mismatches, reference
+
+
 def run_policy_bench(cfg: PolicyBenchConfig, out_json: Path | None = None) -> dict:
     workload = build_workload(cfg.requests, seed=cfg.seed, family_dir=cfg.family_dir,
                               split="evaluation")
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-policy-"))
     report: dict = {"requests": cfg.requests, "new_tokens": cfg.new_tokens, "quick": cfg.quick,
                     "split": "evaluation", "domains": sorted({w.domain for w in workload})}
-    with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, log_dir=log_dir,
-                              router=RouterConfig(policy="learned", cost_model=(
-                                  str(cfg.cost_model) if cfg.cost_model else None)))) as emb:
+    with contextlib.ExitStack() as stack:
+        emb, mine = (stack.enter_context(Embedded(ServeConfig(
+            family_dir=cfg.family_dir, port=0, log_dir=log_dir / name,
+            router=learned_router(cost_model=cfg.cost_model)))) for name in ("shared", "learned"))
         fit_error = replica_fit_error(emb)
         drafters = model_and_lookup_drafters(emb)
-        # 0. cold start: one request without speculation warms the processes (it records no
-        # drafter statistics), then the learned policy on an empty Redis
-        run_requests(emb.endpoint, workload[:1], "off", 0, cfg, "warm-up", progress=False)
-        off, _ = run_requests(emb.endpoint, workload, "off", 0, cfg, "cold start: off")
-        cold, _ = run_requests(emb.endpoint, workload, "auto", 0, cfg, "cold start: learned")
-        reference = [r.token_ids for r in off]
-        mismatches = sum(r.token_ids != ref for r, ref in zip(cold, reference))
-        tokens = len(workload) * cfg.new_tokens
-        report["cold_start"] = {"learned": tokens / sum(r.e2e_s for r in cold),
-                                "off": tokens / sum(r.e2e_s for r in off)}
-        # 1. goodput, one request at a time, on each workload
+        report["cold_start"], mismatches, reference = _cold_start(emb, workload, cfg)
+        # 1. goodput, one request at a time, on each workload; the learned policy on its own
+        # deployment, warmed on tuning prompts (policy_goodput.py)
+        warm_learned(mine, workload, drafters, cfg, cfg.workloads)
         report["goodput"] = {}
         for sampling in cfg.workloads:
             section, wrong, _ = goodput(emb, workload, drafters, cfg, sampling,
-                                        reference if sampling == GREEDY else None)
+                                        reference if sampling == GREEDY else None, mine)
             report["goodput"][sampling.name] = section
             mismatches += wrong
-        if GREEDY.name in report["goodput"]:
-            warm = report["goodput"][GREEDY.name][LEARNED]
-            report["cold_start"]["warm_learned"] = warm
-            report["cold_start"]["cold_over_warm"] = report["cold_start"]["learned"] / warm
+            if sampling.name in report["cold_start"]:
+                cold = report["cold_start"][sampling.name]
+                cold["warm_learned"] = section[LEARNED]
+                cold["cold_over_warm"] = cold["learned"] / section[LEARNED]
         # 2. load sweep up to twice the batched capacity of speculation off
         report["sweep"], wrong = load_sweep(emb, cfg)
         mismatches += wrong

@@ -11,7 +11,7 @@ import grpc
 from loadgen.client import ClientConfig, run_workload
 from loadgen.workload import Request
 
-from ..router.config import SchedulerConfig
+from ..router.config import RouterConfig, SchedulerConfig
 from ..zoo.report import family_members
 from ..zoo.specs import FAMILY_DIR
 
@@ -35,6 +35,19 @@ SAMPLED = Sampling("sampled", temperature=0.8, top_p=0.95)
 
 ROUND_SEED_STRIDE = 1000
 """Seeds between passes (more than any workload's requests, so no two draws share a seed)."""
+
+
+def learned_router(policy_config: dict | None = None, cost_model: Path | None = None
+                   ) -> RouterConfig:
+    """The router of a benchmark that sends the same prompts again (every configuration, pass
+    and warm-up of ``spin bench policy``, ``ab`` and ``sweep``): the learned policy with
+    ``policy_config``'s overrides, and suffix decoding **off**. Its store would hold the earlier
+    outputs of the very prompts being timed and draft a repeated request from them (a greedy
+    request's whole output), flattering whichever setting offers it; ``spin bench suffix``
+    measures suffix decoding on a workload made for it (as ``grid.py`` does)."""
+    return RouterConfig(policy="learned", policy_config=dict(policy_config or {}),
+                        cost_model=str(cost_model) if cost_model else None,
+                        scheduler=SchedulerConfig(suffix_decoding=False))
 
 
 def round_seed(seed: int, rnd: int) -> int:

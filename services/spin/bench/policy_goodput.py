@@ -14,10 +14,17 @@ Both are chosen on some passes and timed on another (``held_out``), since the fa
 configurations on the very runs it is timed on is a minimum over noise; chosen and timed on the
 same passes they are reported too (``*_in_sample``). The sampled workload draws new seeds each
 pass, the same in every configuration of the pass (``policy_config.round_seed``): otherwise the
-pass a choice is timed on would replay the very outputs it was chosen on. The fixed runs go
-first in each pass, so the learned policy starts from the population statistics they left in
-Redis, as a router replica joining a running fleet would (``spin bench policy`` measures the
-cold start apart).
+pass a choice is timed on would replay the very outputs it was chosen on.
+
+The learned policy runs on a deployment of its own (``learned``), warmed on **tuning** prompts
+only (``warm_learned``: every drafter at k = 4 over a tuning workload, so its population
+statistics in Redis know the drafters as a fleet's would, but not the prompts it is timed on;
+then one pass of the timed prompts with speculation off, which records no drafter statistics but
+fills the prefix cache as the fixed configurations' deployment has it). On the shared deployment
+it would start from the statistics the fixed configurations left *on the very prompts timed*:
+warm on what it is timed on. From its second pass on it has learnt from its own first (a router
+learns from its traffic), so ``learned_first_pass`` reports that pass alone as well. ``spin
+bench policy`` measures the cold start apart.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from loadgen.workload import Request
+from loadgen.workload import Request, build_workload
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..serve import Embedded, served_heads
@@ -43,12 +50,31 @@ def grid(drafters: list[str], ks: tuple[int, ...]) -> list[tuple[str, str, int]]
             + [(LEARNED, "auto", 0)])
 
 
+def warm_learned(learned: Embedded, workload: list[Request], drafters: list[str],
+                 cfg: PolicyBenchConfig, workloads: tuple[Sampling, ...]) -> None:
+    """Warm the learned policy's deployment (module doc): every drafter at k = 4 over a
+    **tuning** workload as large as ``workload``, with each of ``workloads``' sampling (greedy
+    and sampled requests keep separate statistics), then ``workload`` once with speculation
+    off."""
+    tuning = build_workload(len(workload), seed=cfg.seed, family_dir=cfg.family_dir,
+                            split="tuning")
+    for sampling in workloads:
+        for d in drafters:
+            run_requests(learned.endpoint, tuning, d, 4, cfg,
+                         f"learned's warm-up: {d} ({sampling.name}, tuning prompts)",
+                         sampling=sampling)
+    run_requests(learned.endpoint, workload, "off", 0, cfg, "learned's warm-up: prefix cache")
+
+
 def goodput(emb: Embedded, workload: list[Request], drafters: list[str],
             cfg: PolicyBenchConfig, sampling: Sampling,
-            reference: list[list[int]] | None) -> tuple[dict, int, list[list[int]]]:
+            reference: list[list[int]] | None, learned_emb: Embedded | None = None
+            ) -> tuple[dict, int, list[list[int]]]:
     """The section on ``workload`` with ``sampling``: its report, the lossless mismatches (greedy
     only: every output against ``reference``, or against the first off run when None) and the
-    reference outputs."""
+    reference outputs. The learned policy runs on ``learned_emb`` (module doc; None: on
+    ``emb``)."""
+    mine = learned_emb or emb
     configs = grid(drafters, cfg.ks)
     e2e: dict[str, list[list[float]]] = {name: [] for name, _, _ in configs}
     mismatches = 0
@@ -57,13 +83,14 @@ def goodput(emb: Embedded, workload: list[Request], drafters: list[str],
     greedy = sampling.temperature == 0
     for rnd in range(cfg.rounds):
         for name, spec, k in configs:
-            before = _router_times(emb.router.metrics_port, (PREDICTION_ERROR,))
-            res, _ = run_requests(emb.endpoint, workload, spec, k, cfg,
+            on = mine if name == LEARNED else emb
+            before = _router_times(on.router.metrics_port, (PREDICTION_ERROR,))
+            res, _ = run_requests(on.endpoint, workload, spec, k, cfg,
                                   f"{sampling.name} {name} ({rnd + 1}/{cfg.rounds})",
                                   sampling=sampling, early_stop=spec not in (OFF, "auto"),
                                   rnd=rnd)
             if name == LEARNED:  # the cost model's error on the steps it predicted
-                after = _router_times(emb.router.metrics_port, (PREDICTION_ERROR,))
+                after = _router_times(on.router.metrics_port, (PREDICTION_ERROR,))
                 err_sum += (after.get(PREDICTION_ERROR + "_sum", 0.0)
                             - before.get(PREDICTION_ERROR + "_sum", 0.0))
                 err_count += (after.get(PREDICTION_ERROR + "_count", 0.0)
@@ -91,6 +118,9 @@ def goodput(emb: Embedded, workload: list[Request], drafters: list[str],
                                                          for i, c in enumerate(per_best)),
         "off": by_config[OFF],
         "learned_over_best_fixed": learned_tps / (tokens / sum(best_s)),
+        "learned_first_pass": tokens / sum(e2e[LEARNED][0]),
+        "learned_first_pass_over_best_fixed": sum(best_s) / sum(e2e[LEARNED][0]),
+        "learned_deployment": "own, warmed on tuning prompts" if learned_emb else "shared",
         "learned_over_per_request_best_fixed": learned_tps / (tokens / sum(per_best_s)),
         "by_config": by_config, "rounds": cfg.rounds, "ks": list(cfg.ks),
         "temperature": sampling.temperature, "top_p": sampling.top_p,

@@ -22,15 +22,14 @@ from tqdm import tqdm
 
 from loadgen.workload import Request, arrival_times, build_workload
 
-from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig
 from ..zoo.corpus import PromptSplit
-from .policy_config import PolicyBenchConfig, run_requests
+from .policy_config import PolicyBenchConfig, learned_router, run_requests
 
 MODES = ("auto", "off")
 
 
-def _p99(values: list[float]) -> float:
+def p99(values: list[float]) -> float:
     """The nearest-rank 99th percentile."""
     v = sorted(values)
     return v[min(len(v) - 1, math.ceil(0.99 * len(v)) - 1)]
@@ -59,7 +58,7 @@ def load_sweep(emb: Embedded, cfg: PolicyBenchConfig, split: PromptSplit = "eval
             mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))
             lat = [r.e2e_s for r in res]
             row[f"{mode}_mean_latency_s"] = statistics.mean(lat)
-            row[f"{mode}_p99_latency_s"] = _p99(lat)
+            row[f"{mode}_p99_latency_s"] = p99(lat)
             row[f"{mode}_tokens_per_s"] = sum(len(r.token_ids) for r in res) / wall
             slow = max(res, key=lambda r: r.e2e_s)  # which request the tail is
             row[f"{mode}_slowest"] = {"index": slow.index, "domain": rows[slow.index].domain,
@@ -79,8 +78,7 @@ def run_sweep_bench(cfg: PolicyBenchConfig, split: PromptSplit = "tuning",
                     policy_config: dict | None = None) -> dict:
     """``spin bench sweep``: the load section alone on a fresh deployment whose learned policy
     has ``policy_config``'s overrides; its report plus ``lossless_mismatches``."""
-    router = RouterConfig(policy="learned", policy_config=policy_config or {},
-                          cost_model=str(cfg.cost_model) if cfg.cost_model else None)
+    router = learned_router(policy_config, cfg.cost_model)
     with Embedded(ServeConfig(family_dir=cfg.family_dir, port=0, router=router,
                               log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-sweep-")))) as emb:
         report, mismatches = load_sweep(emb, cfg, split, fractions)

@@ -30,7 +30,7 @@ from loadgen.workload import Request, arrival_times
 
 from .grid import OFF_AGAIN, GridConfig, deployments, grid_rows, warm_up
 from .policy_config import PolicyBenchConfig, Sampling, run_requests
-from .policy_sweep import _p99
+from .policy_sweep import p99
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _sweep(endpoints: dict[str, str], cfg: RatesConfig, bench: PolicyBenchConfig
                                      progress=False, sampling=sampling)
             lat = [r.e2e_s for r in res]
             point["modes"][name] = {"mean_latency_s": statistics.mean(lat),
-                                    "p99_latency_s": _p99(lat),
+                                    "p99_latency_s": p99(lat),
                                     "tokens_per_s": sum(len(r.token_ids) for r in res) / wall}
             mismatches += sum(r.token_ids != ref for r, ref in zip(res, reference))
         m = point["modes"]

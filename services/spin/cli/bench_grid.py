@@ -69,8 +69,9 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--json", default=None, help="write the report here")
     bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
     bg.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                    help="auto's router's step trace (JSON Lines; off's beside it, -off added "
-                    "to the name), summarised at the end (`spin bench trace`)")
+                    help="auto's router's step trace (JSON Lines; each other mode's beside it, "
+                    "its label added to the name: -off, -off-again), summarised at the end "
+                    "(`spin bench trace`)")
     bg.add_argument("--suffix-decoding", action="store_true",
                     help="offer suffix decoding (off by default: the grid repeats its prompts, "
                     "and a store of their earlier outputs would draft them back)")
@@ -129,8 +130,9 @@ def add_rates(bsub: argparse._SubParsersAction) -> None:
                     help="JSON overrides of the learned policy's settings")
     br.add_argument("--json", default=None, help="write the report here")
     br.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                    help="auto's router's step trace (JSON Lines; off's beside it, -off added "
-                    "to the name; `spin bench trace` summarises it)")
+                    help="auto's router's step trace (JSON Lines; each other mode's beside it, "
+                    "its label added to the name: -off, -off-again; `spin bench trace` "
+                    "summarises it)")
     br.set_defaults(func=_bench_rates)
 
 

@@ -120,10 +120,8 @@ class SuffixShare:
         data = pack(tokens)
         with self._lock:
             self._outbox.append(data)
-            over = len(self._outbox) - self.max_pending
-            for _ in range(max(0, over)):
-                self._outbox.popleft()
-        self._drop(max(0, over))
+            over = self._trim_outbox()
+        self._count("dropped", over)
         self._wake.set()
 
     def take(self) -> list[list[int]]:
@@ -160,7 +158,7 @@ class SuffixShare:
         left = len(self._outbox)
         if left:
             self._outbox.clear()
-            self._drop(left)
+            self._count("dropped", left)
         self._client.close()
 
     # ---- the thread's side -------------------------------------------------------------------
@@ -228,10 +226,8 @@ class SuffixShare:
         except redis.RedisError:
             with self._lock:  # back in front, to be sent again (at least once)
                 self._outbox.extendleft(reversed(batch))
-                over = len(self._outbox) - self.max_pending
-                for _ in range(max(0, over)):
-                    self._outbox.popleft()
-            self._drop(max(0, over))
+                over = self._trim_outbox()
+            self._count("dropped", over)
             raise
         self._count("published", len(batch))
 
@@ -258,10 +254,14 @@ class SuffixShare:
                 self._inbox_tokens -= len(self._inbox.popleft())
                 dropped += 1
         self._count("received", received)
-        self._drop(dropped)
+        self._count("dropped", dropped)
 
-    def _drop(self, n: int) -> None:
-        self._count("dropped", n)
+    def _trim_outbox(self) -> int:
+        """Drop the oldest unsent texts past ``max_pending`` (the lock held); how many."""
+        over = max(0, len(self._outbox) - self.max_pending)
+        for _ in range(over):
+            self._outbox.popleft()
+        return over
 
     def _count(self, event: str, n: int) -> None:
         if n:

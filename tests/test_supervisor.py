@@ -14,6 +14,9 @@ import pytest
 from spin.supervisor import Child
 from spin.supervisor import RestartPolicy, Supervisor, die_with_parent
 
+# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
+pytestmark = pytest.mark.timing
+
 SERVICE = """
 import sys, time
 args = sys.argv[1:]
@@ -118,8 +121,6 @@ PARENT = """
 import subprocess, sys, time
 from spin.supervisor import die_with_parent
 
-# its outcome depends on time (deadlines, latency bounds): `make test-busy` runs it beside load
-pytestmark = pytest.mark.timing
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                          preexec_fn=die_with_parent())
 print(child.pid, flush=True)

@@ -133,8 +133,9 @@ def test_stats_prints_the_population_table() -> None:
         r = run("stats", "--redis-url", server.url)
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("draft-code"))
-    # 2 steps, 8 drafted, 4 accepted: rate 0.50, tau 1 + 4/2 = 3.00, 4 ms draft, 10 ms verify
-    assert row.split()[1:8] == ["2", "8", "4", "0.50", "3.00", "4.00", "10.00"]
+    # 2 steps, 8 drafted, 4 accepted, 2 rejections: rate 0.50, alpha 4 / (4 + 2) = 0.67,
+    # tau 1 + 4/2 = 3.00, 4 ms draft, 10 ms verify
+    assert row.split()[1:9] == ["2", "8", "4", "0.50", "0.67", "3.00", "4.00", "10.00"]
     assert run("stats", "--redis-url", "redis://127.0.0.1:9/0").returncode == 2
 
 

@@ -565,3 +565,30 @@ def test_a_draft_head_is_every_requests_candidate_and_never_scores() -> None:
         assert policy.selector.snapshot("p")["eagle"][1] > 0  # its steps were its own measure
     finally:
         policy.close()
+
+
+def test_a_heads_prior_is_the_goodput_predicted_at_its_acceptance_as_the_models_are() -> None:
+    """Once a request's prompt is fitted, the fitted model's prior is the cost model's goodput
+    at its expected acceptance: the head's is too (at its population's chain acceptance), not
+    the population's measured rate, which counts the router's and the services' overheads the
+    prediction leaves out."""
+    cost = _cost()
+    cost.draft["eagle"] = (0.0, 0.0005, 0.0, 0.0, 0.0)
+    eagle = DrafterStats(drafts=100, draft_tokens=400, accepted_tokens=210, rejections=90,
+                         draft_seconds=0.1, verify_seconds=9.9)  # measured: 31 tokens/s
+    pop = {"draft-code": _stats(100, 200), "draft-prose": _stats(100, 200),
+           PROMPT_LOOKUP: _stats(100, 60), "eagle": eagle}
+    policy = LearnedPolicy(cost=cost, population=lambda: pop)
+    heads = frozenset({"eagle"})
+    try:
+        (c,) = policy.choose([_generated("p", 0)], DRAFTERS | heads, heads)
+        observe_score(policy, "p", "draft-prose", 60, 128)
+        observe_score(policy, "p", "draft-code", 20, 128)
+        observe(policy, "p", c, 0, 0.0, 0.080)
+        policy.choose([_generated("p", 1)], DRAFTERS | heads, heads)
+        assert policy.controller.tracker.get("p", "eagle") == pytest.approx(0.7)  # 210 / 300
+        predicted = policy.controller.solo_goodput("p", "eagle", 0.7, 201)
+        assert policy.selector.snapshot("p")["eagle"][0] == pytest.approx(predicted)
+        assert predicted > 100  # against the population's 31 tokens/s
+    finally:
+        policy.close()

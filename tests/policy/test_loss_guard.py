@@ -50,6 +50,21 @@ def test_speculation_that_pays_keeps_running_with_rarer_probes() -> None:
     assert guard.rates()[KIND][2] is True
 
 
+@pytest.mark.parametrize("tokens, speculates", [((1, 4), True), ((1, 2), False)])
+def test_the_decision_changes_only_beyond_the_noise(tokens, speculates) -> None:
+    """Speculating steps that give 1 or 4 tokens (95 tokens/s) against plain ones at 100 are
+    within the noise of a few steps: the decision holds. At 1 or 2 (57) it changes."""
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=16, cold_batch=8))
+    n = 0
+    for _ in range(200):
+        spec = guard.speculate(KIND)
+        n += spec
+        guard.observe(KIND, spec, tokens[n % 2] if spec else 1, 0.0263 if spec else 0.01)
+    spec_rate, off_rate, decision = guard.rates()[KIND]
+    assert off_rate == pytest.approx(100.0) and decision is speculates
+    assert spec_rate == pytest.approx(sum(tokens) / 2 / 0.0263, rel=0.1)
+
+
 def test_a_change_of_load_reverses_the_decision() -> None:
     guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=16))
     run(guard, 100, spec_rate=150.0, off_rate=100.0)
@@ -105,6 +120,21 @@ def test_the_learned_policy_runs_plain_steps_where_its_speculation_measured_less
     assert decision is False
     greedy = [RequestView(f"g{i}", 300, 10, 200, True) for i in range(4)]
     assert any(c.drafter for c in policy.choose(greedy, {"draft-code", PROMPT_LOOKUP}))
+
+
+def test_a_draft_heads_first_step_counts_as_speculation() -> None:
+    """A request's first step with a draft head verifies no draft but pays the head's drafting
+    of the next chain (``RequestOutcome.asked``): it is weighed on speculation's side, one token
+    in its time, never as a plain step that took longer."""
+    guard = LossGuard(GuardConfig(cold_batch=1))
+    kind = step_kind([False])
+    for asked in (True, False):
+        assert guard.plain([RequestView("r", 300, 10, 200, False)]) == [False]
+        o = RequestOutcome("r", False, StepChoice(None), 0, 0, 1, True, asked=asked)
+        guard.weigh(StepOutcome((o,), None, 0.0, 0.02 if asked else 0.01,
+                                0.02 if asked else 0.01))
+    spec_rate, off_rate, _ = guard.rates()[kind]
+    assert (spec_rate, off_rate) == (pytest.approx(50.0), pytest.approx(100.0))
 
 
 def test_heavy_tailed_gains_count_by_their_sum() -> None:
@@ -169,13 +199,69 @@ def test_a_probe_of_speculation_carries_no_scoring_and_expensive_probes_come_rar
     assert policy.guard._kinds[step_kind([False] * 4)].interval == GuardConfig().probe_max
 
 
-def test_a_probe_of_speculation_never_asks_a_draft_head() -> None:
-    """A head drafts the chain its request's next step verifies: a probe (one step) with it
-    would pay its drafting and draft nothing. Speculating by decision, the requests use the head
-    (the only drafter with a cost); once plain steps measure more, every probe that speculates
-    does so with another drafter."""
+def test_a_heads_first_step_after_plain_ones_is_a_transition_and_a_probe_goes_on() -> None:
+    """A head drafts the chain its request's next step verifies. After steps the guard ran
+    plain, a step that only asks a head for its first chain is weighed on neither side; in a
+    probe of speculation the probe goes on one more step, which verifies the chain and is
+    weighed. So a kind once decided plain can see a head win again."""
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=2, cold_batch=1))
+    view = [RequestView("r", 300, 10, 200, False)]
+    kind = step_kind([False])
+
+    def step(drafter: str | None, asked: bool, tokens: int, seconds: float) -> None:
+        o = RequestOutcome("r", False, StepChoice(drafter, 4 if drafter else 0),
+                           4 if drafter else 0, tokens - 1, tokens, True, asked=asked)
+        guard.weigh(StepOutcome((o,), None, 0.0, seconds, seconds))
+
+    while guard.rates().get(kind, (0, 0, True))[2]:  # a slow drafter, then plain steps
+        spec = not guard.plain(view)[0]
+        step("draft-code" if spec else None, False, 1, 0.03 if spec else 0.01)
+    while guard.plain(view)[0]:
+        step(None, False, 1, 0.01)  # plain by decision, until the probe of speculation
+    assert guard.probing
+    before = guard.rates()[kind]
+    step(None, True, 1, 0.03)  # the probe's step asked the head for its first chain
+    assert guard.rates()[kind] == before  # weighed on neither side
+    assert guard.plain(view) == [False] and guard.probing  # the probe goes on
+    step("eagle", False, 5, 0.02)  # the head's chain: 5 tokens in 20 ms
+    spec_rate, _, _ = guard.rates()[kind]
+    assert spec_rate > before[0]  # weighed: speculation measured with the head
+    guard.plain(view)
+    step(None, True, 1, 0.03)  # a head's first step after a speculating one: speculation's
+    assert guard.rates()[kind][0] < spec_rate
+
+
+def test_a_request_alone_decides_by_its_own_speculation_and_its_kinds_plain_steps() -> None:
+    """One request's drafts accepted badly and it ran plain: the next request alone starts
+    speculating again (its acceptance is its own), weighed against the plain steps measured
+    before it (no plain probes to begin with); while its speculation wins it keeps
+    speculating."""
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, cold_batch=1))
+
+    def steps(rid: str, n: int, spec_tokens: int) -> list[bool]:
+        view, out = [RequestView(rid, 300, 10, 200, False)], []
+        for _ in range(n):
+            spec = not guard.plain(view)[0]
+            out.append(spec)
+            o = RequestOutcome(rid, False, StepChoice("eagle" if spec else None, 4),
+                               4 if spec else 0, spec_tokens - 1 if spec else 0,
+                               spec_tokens if spec else 1, True)
+            guard.weigh(StepOutcome((o,), None, 0.0, 0.03 if spec else 0.01,
+                                    0.03 if spec else 0.01))
+        guard.release(rid)
+        return out
+
+    first = steps("a", 40, 1)  # 33 tokens/s speculating against 100 plain
+    assert sum(first[20:]) <= 2
+    second = steps("b", 40, 5)  # 167 tokens/s
+    assert all(second[:8]) and sum(second) >= 37  # at most a rare probe of plain steps
+
+
+def test_the_learned_policy_probes_with_a_head() -> None:
+    """Plain by decision, the learned policy's probes of speculation may use a draft head (the
+    only drafter with a cost, every request's bandit picks it)."""
     cost = _cost()
-    cost.draft["eagle"] = (0.0, 0.0002, 0.0, 0.0, 0.0)
+    cost.draft = {"eagle": (0.0, 0.0002, 0.0, 0.0, 0.0)}
     policy = LearnedPolicy(learned_config({"trees": False, "score_after": 0,
                                            "guard": {"cold_batch": 4}}), cost)
     heads = frozenset({"eagle"})
@@ -183,15 +269,15 @@ def test_a_probe_of_speculation_never_asks_a_draft_head() -> None:
     used: dict[bool, set[str | None]] = {True: set(), False: set()}
     for _ in range(120):
         decided = policy.guard.rates().get(step_kind([False] * 4), (0, 0, True))[2]
-        plan = policy.choose(views, {"draft-code", "eagle"}, heads)
+        plan = policy.choose(views, {"eagle"}, heads)
         spec = any(c.drafter for c in plan)
         if spec:
             used[decided and not policy.guard.probing] |= {c.drafter for c in plan}
         outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
                          for v, c in zip(views, plan))
         policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
-    assert "eagle" in used[True]  # by decision: the head drafts
-    assert used[False] and "eagle" not in used[False]  # probes: never the head
+    assert used[True] == {"eagle"}  # by decision
+    assert used[False] == {"eagle"}  # and in the probes once plain
 
 
 def test_a_new_batch_size_starts_from_the_nearest_decided_one_as_large_or_plain() -> None:

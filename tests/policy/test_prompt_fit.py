@@ -50,6 +50,24 @@ def test_the_pooled_record_counts_every_drafter_on_the_requests_it_fitted() -> N
     assert fit.pooled_acceptance() == 7 / 8
 
 
+def test_greedy_and_sampling_requests_keep_separate_records() -> None:
+    """A sampled draft is accepted less than a greedy one: a sampling request is ranked and
+    seeded by what the drafter did on the sampling requests it fitted, never the greedy ones."""
+    fit = _a_fits_code_b_fits_prose()
+    for rid, code in (("s", 60), ("g", 60)):
+        fit.observe_prompt(rid, "draft-code", code, 100)
+        fit.observe_prompt(rid, "draft-prose", 10, 100)
+    fit.begin("s", greedy=False)
+    fit.begin("g", greedy=True)
+    fit.record("g", "draft-code", 8, 0)
+    fit.record("s", "draft-code", 2, 6)
+    assert fit.acceptance("draft-code", "g") == 1.0 and fit.acceptance("draft-code") == 1.0
+    assert fit.acceptance("draft-code", "s") == 2 / 8
+    assert fit.pooled_acceptance("s") == 2 / 8 and fit.pooled_acceptance("g") == 1.0
+    fit.release("s")  # forgotten: a later request of that id counts as greedy
+    assert fit.acceptance("draft-code", "s") == 1.0
+
+
 def test_near_ties_go_to_the_drafter_with_the_better_record() -> None:
     fit = PromptFit(min_trials=8, rank_margin=0.02)
     fit.observe_prompt("a", "draft-general", 62, 100)

@@ -14,6 +14,7 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
+from spin.engine.head_runner import HeadAsk
 from spin.engine.sampling import SamplingParams
 from spin.engine.tree import TokenTree
 from spin.policy.base import (PROMPT_LOOKUP, FixedPolicy, RequestView, StepChoice, StepPlan,
@@ -232,9 +233,12 @@ class Recording(FixedPolicy):
 class Store:
     def __init__(self) -> None:
         self.records: list[tuple[str, int, int]] = []
+        self.rejected: list[bool | None] = []
 
-    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float,
+               rejected: bool | None = None) -> None:
         self.records.append((drafter, k, accepted))
+        self.rejected.append(rejected)
 
     def population(self) -> dict:
         return {}
@@ -485,6 +489,7 @@ def test_step_info_and_accounting() -> None:
         assert sample("spin:generation_tokens_total") - tokens_before == 25
         assert store.records == [("acct", c.step.draft_tokens, c.step.accepted_tokens)
                                  for c in drafted]
+        assert store.rejected == [c.step.accepted_tokens < c.step.draft_tokens for c in drafted]
         assert policy.steps == [prediction] * n
         assert [a for _, _, a in policy.observed] == [c.step.accepted_tokens for c in got]
     asyncio.run(go())
@@ -764,6 +769,35 @@ class Oracle(Proposer):
 
     def release(self, request_id: str) -> None:
         self.released.append(request_id)
+
+
+class FirstAsk(Oracle):
+    """A draft head at a request's first step with it: it asks the verifier for a chain and
+    proposes none."""
+
+    name = "first-ask"
+    in_verifier = True
+
+    async def propose(self, group, timeout_s: float) -> Proposals:
+        out = Proposals(seconds=0.0)
+        for r, c in group:
+            out.asks[r.request_id] = HeadAsk(self.name, k=c.k, stored=0)
+        return out
+
+
+def test_a_heads_first_step_is_an_outcome_without_a_draft_that_asked() -> None:
+    """The step's outcome says the request asked a head (``RequestOutcome.asked``: the loss
+    guard weighs it as speculation's cost) though it verified no draft (no drafter)."""
+    async def go() -> None:
+        policy = Recording("first-ask", 4)
+        sched = scheduler(policy, {}, local=(FirstAsk(),))
+        r = request("r", max_tokens=3)
+        sched.submit(r)
+        await sched.step(list(sched.running))
+        (o,) = policy.outcomes[0].requests
+        assert o.asked and o.choice.drafter is None and o.verified and o.emitted == 1
+        assert tokens(events(r)) == expected(r.prompt, 1)
+    asyncio.run(go())
 
 
 def test_a_new_proposer_kind_drafts_without_a_change_to_the_scheduler() -> None:

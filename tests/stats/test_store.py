@@ -42,6 +42,7 @@ SMALL_A = DrafterStats(
     drafts=4,
     draft_tokens=13,
     accepted_tokens=7,
+    rejections=3,
     accepted_per_pos={1: 3, 2: 2, 3: 1, 4: 1},
     drafted_per_pos={1: 4, 2: 4, 3: 3, 4: 2},
     draft_seconds=0.042,
@@ -51,6 +52,7 @@ LOOKUP_A = DrafterStats(
     drafts=2,
     draft_tokens=10,
     accepted_tokens=5,
+    rejections=1,
     accepted_per_pos={1: 1, 2: 1, 3: 1, 4: 1, 5: 1},
     drafted_per_pos={1: 2, 2: 2, 3: 2, 4: 2, 5: 2},
     draft_seconds=0.003,
@@ -65,6 +67,7 @@ SMALL_B = DrafterStats(
     drafts=2,
     draft_tokens=5,
     accepted_tokens=4,
+    rejections=1,
     accepted_per_pos={1: 2, 2: 1, 3: 1, 4: 0},
     drafted_per_pos={1: 2, 2: 1, 3: 1, 4: 1},
     draft_seconds=0.011,
@@ -74,6 +77,7 @@ MEDIUM_B = DrafterStats(
     drafts=1,
     draft_tokens=2,
     accepted_tokens=0,
+    rejections=1,
     accepted_per_pos={1: 0, 2: 0},
     drafted_per_pos={1: 1, 2: 1},
     draft_seconds=0.020,
@@ -90,10 +94,11 @@ def assert_population(actual: dict[str, DrafterStats], expected: dict[str, Draft
     assert sorted(actual) == sorted(expected)
     for name, exp in expected.items():
         got = actual[name]
-        assert (got.drafts, got.draft_tokens, got.accepted_tokens) == (
+        assert (got.drafts, got.draft_tokens, got.accepted_tokens, got.rejections) == (
             exp.drafts,
             exp.draft_tokens,
             exp.accepted_tokens,
+            exp.rejections,
         ), name
         assert got.accepted_per_pos == exp.accepted_per_pos, name
         assert got.drafted_per_pos == exp.drafted_per_pos, name
@@ -164,8 +169,16 @@ def test_drafter_stats_properties_hand_computed() -> None:
     assert SMALL_A.acceptance_at(5) == 0.0
     assert LOOKUP_A.mean_accepted_length == pytest.approx(3.5)
     assert LOOKUP_A.acceptance_rate == pytest.approx(0.5)
+    # chains stop at their first rejection: 7 accepted, 3 rejections (the MLE the policy uses)
+    assert SMALL_A.chain_acceptance == pytest.approx(7 / 10)
+    assert LOOKUP_A.chain_acceptance == pytest.approx(5 / 6)
+    before = DrafterStats(drafts=2, draft_tokens=8, accepted_tokens=3)  # no rejections counted
+    assert before.chain_acceptance == pytest.approx(3 / 8)  # (an older record): the token rate
+    whole = DrafterStats(drafts=2, draft_tokens=8, accepted_tokens=8)
+    assert whole.chain_acceptance == 1.0
     empty = DrafterStats()
-    assert (empty.acceptance_rate, empty.mean_accepted_length, empty.acceptance_at(1)) == (0.0, 0.0, 0.0)
+    assert (empty.acceptance_rate, empty.mean_accepted_length, empty.acceptance_at(1),
+            empty.chain_acceptance) == (0.0, 0.0, 0.0, 0.0)
     total = SMALL_A.copy().merge(SMALL_B)
     assert (total.drafts, total.draft_tokens, total.accepted_tokens) == (6, 18, 11)
     assert total.accepted_per_pos == {1: 5, 2: 3, 3: 2, 4: 1}
@@ -187,6 +200,16 @@ def test_memory_store_exact_sums() -> None:
     store.close()
 
 
+def test_record_counts_a_tree_by_its_depth_not_its_nodes() -> None:
+    """A tree of 7 nodes whose accepted path of 3 reached its depth was not rejected: the
+    caller says so (``rejected``); a chain's rule (accepted < k) would count a rejection."""
+    store = MemoryStatsStore()
+    store.record("tree", 7, 3, 0.01, 0.02, rejected=False)
+    store.record("tree", 7, 1, 0.01, 0.02, rejected=True)
+    tree = store.population()["tree"]
+    assert (tree.rejections, tree.chain_acceptance) == (1, pytest.approx(4 / 5))
+
+
 def test_record_never_raises_on_bad_input() -> None:
     store = MemoryStatsStore()
     store.record("small", -1, 0, 0.1, 0.1)  # dropped
@@ -198,6 +221,7 @@ def test_record_never_raises_on_bad_input() -> None:
     assert list(pop) == ["small"]
     small = pop["small"]
     assert (small.drafts, small.draft_tokens, small.accepted_tokens) == (2, 5, 3)
+    assert small.rejections == 1  # accepted 0 of 2; the clamped 3 of 3 is whole
     assert small.accepted_per_pos == {1: 1, 2: 1, 3: 1}
     assert small.drafted_per_pos == {1: 2, 2: 2, 3: 1}
     assert (small.draft_seconds, small.verify_seconds) == (0.5, 0.25)
@@ -233,6 +257,7 @@ def test_redis_flush_then_population_exact(
     assert client.smembers("spin:acceptance:drafters") == {"small", "lookup"}
     raw = client.hgetall("spin:acceptance:small")
     assert raw["drafts"] == "4" and raw["draft_tokens"] == "13" and raw["accepted_tokens"] == "7"
+    assert raw["rejections"] == "3"
     assert raw["accepted_pos:3"] == "1" and raw["drafted_pos:3"] == "3" and raw["drafted_pos:4"] == "2"
     assert float(raw["draft_seconds"]) == pytest.approx(0.042)
     client.close()

@@ -32,6 +32,7 @@ from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..serve import Embedded, ServeConfig
 from ..zoo.specs import FAMILY_DIR
 from .policy_config import GREEDY, PolicyBenchConfig, Sampling, learned_router, run_requests
+from .policy_goodput import model_and_lookup_drafters
 
 
 @dataclass
@@ -75,8 +76,7 @@ def run_ab(cfg: ABConfig) -> dict:
     times: dict[str, list[list[float]]] = {"a": [[] for _ in workload], "b": [[] for _ in workload],
                                            "prompt_lookup": [[] for _ in workload]}
     with deployment(cfg.a) as ea, deployment(cfg.b) as eb:
-        drafters = [c.role.removeprefix("drafter-") for c in ea.children
-                    if c.role.startswith("drafter-")] + [PROMPT_LOOKUP]
+        drafters = model_and_lookup_drafters(ea)  # the draft heads too
         for emb, name in ((ea, "A"), (eb, "B")):
             for d in drafters:  # population statistics, as in `spin bench policy`
                 run_requests(emb.endpoint, workload, d, 4, bench, f"{name}: warm-up {d}",

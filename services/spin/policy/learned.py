@@ -12,9 +12,9 @@ Per step, for the running batch:
    cost when the drafter changed) rewards the bandit, and the accepted count updates the
    request's acceptance estimate.
 
-A step in which the bandit's drafter did not speculate (k = 0) still rewards it with the one
-token such a step yields, so the bandit moves on from a drafter that never drafts; such a request
-first tries its next-best drafter through the controller once more. A model-free drafter is no
+A step in which the bandit's drafter did not speculate (k = 0) rewards it with the one token
+such a step yields (the bandit moves on from a drafter that never drafts); such a request first
+tries its next-best drafter through the controller once more. A model-free drafter is no
 candidate in a step in which it would find no match (``base.unmatched``).
 
 **Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix
@@ -43,8 +43,7 @@ its drafters only; what scoring calls add to a step is fitted apart (``scoring_c
 ``stop_below``, so k is the longest chain the step may draft (``chain_length.py``).
 
 A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
-so its acceptance estimate can recover (the controller alone would never observe it again).
-"""
+so its acceptance estimate can recover (the controller alone would never observe it again)."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ from .tree_shape import Shape, nodes
 
 __all__ = ["LearnedPolicy", "LearnedPolicyConfig", "learned_config"]
 
-Batch = list[tuple[str, str | None, int]]
-"""(request id, drafter or None, context length) per request: what the controller prices."""
+Batch = list[tuple[str, str | None, int]]  # (request id, drafter, context length): priced
 
 
 class LearnedPolicy:
@@ -110,7 +108,7 @@ class LearnedPolicy:
         """New population statistics: the bandit priors and acceptance seeds."""
         self.selector.set_population(population_from_stats(stats))
         self.controller.tracker.set_population(
-            {name: s.acceptance_rate for name, s in stats.items() if s.draft_tokens})
+            {name: s.chain_acceptance for name, s in stats.items() if s.draft_tokens})
 
     def close(self) -> None:
         if self.population is not None:
@@ -129,6 +127,7 @@ class LearnedPolicy:
         if r.request_id not in self._requests:
             self.selector.begin(r.request_id, r.greedy)
             self.controller.tracker.begin(r.request_id, r.greedy)
+            self.fit.begin(r.request_id, r.greedy)
         return self._state(r.request_id)
 
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
@@ -179,8 +178,7 @@ class LearnedPolicy:
             elif r.mode == "drafter":
                 drafters.append(r.drafter if r.drafter in available else PROMPT_LOOKUP)
             else:
-                c = (self._candidates(r, s, available) - unmatched(r)  # a probe: no head
-                     - (self.heads if self.guard.probing else set()))  # (drafts next step)
+                c = self._candidates(r, s, available) - unmatched(r)
                 c = cands[r.request_id] = c - self.scoring.unaffordable(
                     r, s, c, self.heads, saving, self.scoring_cost)
                 drafters.append(self.selector.choose(r.request_id, c) if c else None)
@@ -189,7 +187,8 @@ class LearnedPolicy:
 
     def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:
         """The drafters the request's bandit chooses from: the model-free ones while the model
-        drafters score the prompt, then the best-fitting one and those (``prompt_fit.py``)."""
+        drafters score the prompt, then the best-fitting one, those and the heads, each seeded
+        with the goodput predicted at its acceptance estimate (``prompt_fit.py``)."""
         if not (self.cfg.prompt_fit and self.cfg.score_after):
             return available
         if r.generated == 0 and available & MODEL_FREE:
@@ -200,13 +199,16 @@ class LearnedPolicy:
         if not state.fitted:  # seed them from the earlier requests they fitted
             state.fitted = True
             for d in fitting:
-                rate = self.fit.acceptance(d)
+                rate = self.fit.acceptance(d, r.request_id)
                 if rate is None and self.cfg.fit_pooled_seed:
-                    rate = self.fit.pooled_acceptance()
+                    rate = self.fit.pooled_acceptance(r.request_id)
                 if rate is not None:
                     w = self.cfg.fit_trials
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
+            for h in self.heads & available:  # a prediction too, not the population's measure
+                rate = self.controller.tracker.get(r.request_id, h)
+                self._prior_from_rate(r.request_id, h, rate, r.context_len)
         return set(fitting) | (available & (MODEL_FREE | self.heads))
 
     def _ks(self, requests: list[RequestView], states: list[RequestState],
@@ -393,8 +395,6 @@ class LearnedPolicy:
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-        self.fit.release(request_id)
-        self.selector.release(request_id)
-        self.controller.release(request_id)
-        self.chains.release(request_id)
-        self.runner_ups.release(request_id)
+        for part in (self.guard, self.fit, self.selector, self.controller, self.chains,
+                     self.runner_ups):
+            part.release(request_id)

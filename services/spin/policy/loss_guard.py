@@ -18,9 +18,28 @@ interval or at what keeps the probes' cost within ``probe_budget`` of the time, 
 longer, up to ``probe_max``; from ``probe_min`` again after a probe that reversed it. A probe of
 speculation runs without the policy's scoring calls (on a 2-core CPU a probe at batch 32 with
 the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a plain step) and
-without draft heads (a head drafts the chain its request's *next* step verifies: in a probe of
-one step it would add its drafting and draft nothing; in one sampled single-stream grid cell 85
-of 3,860 plain-decided steps paid that, 8 ms each on a 14 ms step).
+draft heads allowed. A head drafts the chain its request's *next* step verifies, so a request's
+first step with it verifies nothing; after a step the guard ran plain (a probe of plain steps, or
+plain by decision) such a step is the guard's transition, not speculation's cost: it is weighed
+on neither side, and in a probe of speculation the probe goes on for one more step, which
+verifies the chain. Before 2026-11-28 probes left heads out (in one sampled single-stream grid
+cell 85 of 3,860 plain-decided steps had paid a head's drafting for nothing), so a kind of step
+once decided plain never saw a head again: with the demo's EAGLE head at k = 4 sampled single
+streams measured 87.5 tokens/s against 69.3 plain on the tuning prompts (step trace), while
+the warmed learned policy, decided plain after four steps of its first request, ran 564 of 572
+steps plain. A head's first step after a speculating one (the bandit switched to it, or the
+controller chose k = 0 before) is weighed on speculation's side.
+
+**One request.** A step of one request alone is decided by that request's own record: its own
+speculating steps against its kind's plain ones (one plain side for all: a lone decoding step
+costs the same whoever's it is). Whether speculation pays one request alone is that request's
+matter, its acceptance and its drafter's; before 2026-11-28 the kind's record decided, and on
+the tuning prompts, sampled at temperature 0.8, one request on which the EAGLE head accepted 0
+or 1 token a step decided plain steps for all 8 after it (557 of 568 steps of the pass plain),
+where the head at k = 4 measured 1.26x plain over all 9. A request alone starts speculating
+(``cold_batch``), probing plain steps only until its kind's plain side has ``min_steps`` steps,
+then at its kind's last probe interval.
+
 A new kind of step starts from the decision of the nearest batch size of its decoding, as
 large or larger, that both sides have measured, and probes the other side at ``probe_min`` until
 both have ``min_steps`` steps. Without such a batch size it starts plain, but for a single
@@ -48,8 +67,15 @@ yet), and worse there: counting those steps (a burst of prefills then sways a si
 medians of per-step rates (a drafter's gains are heavy-tailed: greedy prompt lookup at one
 request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
 
-No threshold is set by hand: the rule compares two measured rates. The probing constants bound
-what a decision costs and how fast it follows a change (``GuardConfig``).
+A decision changes only where the other side measures better by more than the standard error
+of the two rates' difference (each a ratio of discounted sums: the delta method). A sampled
+single stream's steps give 1 to k + 1 tokens, and four steps a side decided by noise: with the
+demo's EAGLE head, 1.26x plain at k = 4 over the tuning prompts, the first request's few steps
+could decide plain for every request after it.
+
+No threshold is set by hand: the rule compares two measured rates and their measured noise.
+The probing constants bound what a decision costs and how fast it follows a change
+(``GuardConfig``).
 """
 
 from __future__ import annotations
@@ -112,12 +138,30 @@ class _Side:
     weight: float = 0.0
     """Discounted count of the steps."""
     steps: int = 0
+    squares: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Discounted sums of tokens², tokens x seconds and seconds² of the steps, and of the
+    squared weights (decay² a step): the rate's standard error (``variance``)."""
 
     def add(self, tokens: int, seconds: float, decay: float) -> None:
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
         self.weight = decay * self.weight + 1.0
+        tt, ts, ss, w2 = self.squares
+        self.squares = (decay * tt + tokens * tokens, decay * ts + tokens * seconds,
+                        decay * ss + seconds * seconds, decay * decay * w2 + 1.0)
         self.steps += 1
+
+    @property
+    def variance(self) -> float:
+        """The variance of ``rate``, a ratio of sums: the weighted mean square of the steps'
+        residuals tokens - rate x seconds, times the sum of squared weights, over the squared
+        sum of seconds (the delta method; 0 before two steps)."""
+        if self.steps < 2 or self.seconds <= 0:
+            return 0.0
+        tt, ts, ss, w2 = self.squares
+        r = self.rate
+        residual = max(0.0, tt - 2 * r * ts + r * r * ss) / self.weight
+        return residual * w2 / (self.seconds * self.seconds)
 
     def charge(self, seconds: float) -> None:
         """Seconds this side's steps cost outside them (no tokens, no step)."""
@@ -176,9 +220,14 @@ class LossGuard:
     def __init__(self, cfg: GuardConfig | None = None) -> None:
         self.cfg = cfg or GuardConfig()
         self._kinds: dict[StepKind, _Kind] = {}
-        self._weighed: dict[tuple[str, ...], StepKind] = {}
-        """Micro-batch (its request ids) -> the kind of step it is weighed as, from ``plain``
-        to ``weigh``."""
+        self._weighed: dict[tuple[str, ...], tuple[StepKind, bool]] = {}
+        """Micro-batch (its request ids) -> the kind of step it is weighed as, and whether it
+        follows a plain step of the guard's, from ``plain`` to ``weigh``."""
+        self._held: set[str] = set()
+        """The requests the guard's last decided step ran plain."""
+        self._solo: dict[str, _Kind] = {}
+        """Request id -> its record when it steps alone: its own speculating side, its kind's
+        plain side (the same object; module doc: one request)."""
         self.probing = False
         """The step ``plain`` last decided speculates where the decision is plain steps: a
         probe, which the policy runs without its scoring calls (they are not speculation's
@@ -193,26 +242,35 @@ class LossGuard:
         if not all(r.mode == "auto" for r in requests):
             return [False] * len(requests)
         kind = step_kind([r.greedy for r in requests])
+        rec = self._record(kind, tuple(r.request_id for r in requests))
         if any(r.generated == 0 for r in requests):
-            speculate = self._kind(kind).speculate
+            speculate = rec.speculate
         else:
             if len(self._weighed) > 64:  # steps that never reported (a failed step): forget
                 self._weighed = {}
-            self._weighed[tuple(r.request_id for r in requests)] = kind
-            speculate = self.speculate(kind)
-            self.probing = speculate and not self._kind(kind).speculate
+            ids = tuple(r.request_id for r in requests)
+            self._weighed[ids] = kind, any(rid in self._held for rid in ids)
+            speculate = self.speculate(kind, rec)
+            self.probing = speculate and not rec.speculate
+            self._held = set() if speculate else set(ids)
         return [not speculate] * len(requests)
 
     def weigh(self, outcome: StepOutcome) -> None:
         """A step ``plain`` decided has run: its tokens and seconds on its side, when every
         request in it was verified."""
-        kind = self._weighed.pop(tuple(r.request_id for r in outcome.requests), None)
+        kind, after_plain = self._weighed.pop(tuple(r.request_id for r in outcome.requests),
+                                              (None, False))
         if kind is None:
             self._charge_scoring(outcome)
+        elif after_plain and any(r.asked for r in outcome.requests):
+            # a head's transition (module doc): weighed on neither side
+            k = self._record(kind, tuple(r.request_id for r in outcome.requests))
+            if not k.speculate:  # a probe of speculation: one more step verifies the chain
+                k.since_probe = max(k.since_probe, k.interval - 1)
         elif all(r.verified for r in outcome.requests):
-            speculated = any(r.choice.drafter for r in outcome.requests)
+            speculated = any(r.choice.drafter or r.asked for r in outcome.requests)
             self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
-                         outcome.step_s)
+                         outcome.step_s, tuple(r.request_id for r in outcome.requests))
             plain_s = outcome.prediction.plain_s if outcome.prediction is not None else 0.0
             if speculated and plain_s > 0:  # (NaN: no prediction of it)
                 self._kind(kind).plain_pred.add(len(outcome.requests), plain_s, self.cfg.decay)
@@ -239,32 +297,65 @@ class LossGuard:
             near = sorted((b - kind[0], known.speculate)
                           for (b, decoding), known in self._kinds.items() if decoding == kind[1]
                           and b >= kind[0] and known.decided(self.cfg.min_steps))
-            cold = kind[0] <= self.cfg.cold_batch.bit_length() or not self.cfg.enabled
-            k = self._kinds[kind] = _Kind(speculate=near[0][1] if near else cold,
+            k = self._kinds[kind] = _Kind(speculate=near[0][1] if near else self._cold(kind),
                                           interval=self.cfg.probe_min)
         return k
 
-    def speculate(self, kind: StepKind) -> bool:
+    def _cold(self, kind: StepKind) -> bool:
+        """The decision of a kind of step, or of a request alone, that nothing decided yet."""
+        return kind[0] <= self.cfg.cold_batch.bit_length() or not self.cfg.enabled
+
+    def _record(self, kind: StepKind, ids: tuple[str, ...]) -> _Kind:
+        """What decides a step of these requests: a request's own record when it steps alone
+        (made at its first such step, sharing its kind's plain side and, once that is
+        measured, its probe interval, with the cold decision: ``cold_batch``), else its
+        kind's."""
+        if len(ids) != 1 or not self.cfg.enabled:
+            return self._kind(kind)
+        solo = self._solo.get(ids[0])
+        if solo is None:
+            shared = self._kind(kind)
+            known = shared.off.steps >= self.cfg.min_steps  # no plain probes to begin with
+            solo = self._solo[ids[0]] = _Kind(
+                off=shared.off, speculate=self._cold(kind),
+                interval=shared.interval if known else self.cfg.probe_min)
+        return solo
+
+    def release(self, request_id: str) -> None:
+        """The request ended: its own record goes."""
+        self._solo.pop(request_id, None)
+
+    def speculate(self, kind: StepKind, rec: _Kind | None = None) -> bool:
         """Whether the coming step of this kind runs the policy's plan (else plain steps): the
-        decision, or the other side when a probe is due."""
+        decision (``rec``'s: ``_record``; None: the kind's), or the other side when a probe is
+        due."""
         if not self.cfg.enabled:
             return True
-        k = self._kind(kind)
+        k = rec if rec is not None else self._kind(kind)
         k.since_probe += 1
         if k.since_probe < k.interval:
             return k.speculate
         k.since_probe = 0
         return not k.speculate
 
-    def observe(self, kind: StepKind, speculated: bool, tokens: int, seconds: float) -> None:
-        """A step of this kind ran, speculating or not, and gave ``tokens`` in ``seconds``."""
+    def observe(self, kind: StepKind, speculated: bool, tokens: int, seconds: float,
+                ids: tuple[str, ...] = ()) -> None:
+        """A step of this kind (of the requests ``ids``) ran, speculating or not, and gave
+        ``tokens`` in ``seconds``: on its kind's sides, and a request alone's own
+        (``_record``), whose decision it updates."""
         if seconds <= 0:
             return
-        k = self._kind(kind)
-        (k.spec if speculated else k.off).add(tokens, seconds, self.cfg.decay)
+        kind_rec = self._kind(kind)
+        (kind_rec.spec if speculated else kind_rec.off).add(tokens, seconds, self.cfg.decay)
+        k = self._record(kind, ids) if ids else kind_rec
+        if speculated and k is not kind_rec:
+            k.spec.add(tokens, seconds, self.cfg.decay)
         if not self.cfg.enabled or not k.decided(self.cfg.min_steps):
             return
-        wins = k.spec.rate >= k.off.rate
+        # the decision changes where the other side measures better by more than the standard
+        # error of the difference (module doc: a sampled step's tokens vary 1..k+1)
+        gap, noise = k.spec.rate - k.off.rate, math.sqrt(k.spec.variance + k.off.variance)
+        wins = gap >= -noise if k.speculate else gap > noise
         if speculated != k.speculate:  # a probe: did it confirm the decision?
             if wins == k.speculate:
                 decided = k.spec if k.speculate else k.off
@@ -273,7 +364,8 @@ class LossGuard:
                 k.interval = min(max(2 * k.interval, paid), self.cfg.probe_max)
             else:
                 k.interval = self.cfg.probe_min
-        k.speculate = wins
+        k.speculate = kind_rec.speculate = wins  # a request alone's: its kind's too (reported,
+        kind_rec.interval = k.interval  # and where the next request alone starts probing)
 
     def saving(self, kind: StepKind, at_least: bool = False) -> float | None:
         """Seconds of step that speculating saves per emitted token in this kind of step: 1 /

@@ -94,6 +94,9 @@ class RequestOutcome:
     """Greedy drafts: what the verification says of the drafter's ranks."""
     scores: tuple[Score, ...] = ()
     """Drafters that scored the request this step."""
+    asked: bool = False
+    """A draft head drafted the request's next chain in this step though it verified none of
+    its own (its first step with the head): speculation's cost without a draft."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class StepStats(Protocol):
     verify_seconds: float
 
     @property
-    def acceptance_rate(self) -> float: ...
+    def chain_acceptance(self) -> float: ...
 
 
 @dataclass(frozen=True)

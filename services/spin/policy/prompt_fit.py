@@ -24,12 +24,12 @@ orders: 1.6% (worst order 1.9%), 0.8% (1.1%) with runner-up rounds, where the ru
 
 So a request's candidates narrow to its best-fitting model drafter (and any within ``margin`` of
 its agreement) plus prompt lookup, and each starts from what it achieved on the *earlier*
-requests it fitted
-(``acceptance``: accepted and rejected draft tokens of their steps and output scores, in this
-router), not from its population rate over all requests (same run: 0.84, 0.85 and 0.88 for the
-code, prose and structured drafters on the requests they fit best, against 0.60, 0.53 and 0.31
-on all); a drafter without such a record yet starts from all drafters' record together
-(``pooled_acceptance``).
+requests it fitted (``acceptance``: accepted and rejected draft tokens of their steps and output
+scores, in this router, kept apart for greedy and sampling requests as the population is: a
+sampled draft is accepted less, ``population.population_name``), not from its population rate
+over all requests (same run: 0.84, 0.85 and 0.88 for the code, prose and structured drafters
+on the requests they fit best, against 0.60, 0.53 and 0.31 on all); a drafter without such a
+record yet starts from all drafters' record together (``pooled_acceptance``).
 
 A drafter that fitted none of the last ``prune_after`` requests whose prompt it scored scores
 only every ``explore_every``-th prompt (``worth_scoring``): scoring is a prefill beside the
@@ -44,6 +44,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from .population import SAMPLED_SUFFIX, population_name
 
 
 @dataclass
@@ -79,7 +81,21 @@ class PromptFit:
     _fitting: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """request id -> ``fitting``, recomputed as prompt scores arrive"""
     _trials: dict[str, list[float]] = field(default_factory=dict, repr=False)
-    """drafter -> [accepted, rejected] draft tokens on the requests it fitted"""
+    """``population_name`` (drafter and decoding) -> [accepted, rejected] draft tokens on the
+    requests it fitted"""
+    _sampled: set[str] = field(default_factory=set, repr=False)
+    """Requests opened as sampling ones (``begin``)."""
+
+    def begin(self, request_id: str, greedy: bool) -> None:
+        """``request_id`` decodes greedily or samples: which record its drafters are ranked and
+        seeded by, and which its steps add to (one never opened counts as greedy)."""
+        if greedy:
+            self._sampled.discard(request_id)
+        else:
+            self._sampled.add(request_id)
+
+    def _name(self, drafter: str, request_id: str) -> str:
+        return population_name(drafter, request_id not in self._sampled)
 
     def worth_scoring(self, drafters: Iterable[str]) -> tuple[str, ...]:
         """Which of ``drafters`` score the next request's prompt: all but those that fitted
@@ -120,7 +136,7 @@ class PromptFit:
         """What ``drafter`` is expected to deliver on the request: its record (1 without enough
         of one, so that it gets one) less ``deficit_weight`` x its prompt agreement ``deficit``,
         through ``value``."""
-        rate = self.acceptance(drafter)
+        rate = self.acceptance(drafter, request_id)
         rate = min(1.0, max(0.0, (1.0 if rate is None else rate) - self.deficit_weight * deficit))
         return rate if self.value is None else self.value(request_id, drafter, rate)
 
@@ -135,22 +151,24 @@ class PromptFit:
         """Draft tokens of ``drafter`` on the request (a step's, or an output score's); counted
         for the drafter when it fits the request best (``fitting``)."""
         if drafter in self.fitting(request_id):
-            t = self._trials.setdefault(drafter, [0.0, 0.0])
+            t = self._trials.setdefault(self._name(drafter, request_id), [0.0, 0.0])
             t[0] += max(0.0, accepted)
             t[1] += max(0.0, rejected)
 
-    def acceptance(self, drafter: str) -> float | None:
-        """Acceptance rate of ``drafter`` on the requests it fitted (None: too few yet)."""
-        return self._rate(*self._trials.get(drafter, (0.0, 0.0)))
+    def acceptance(self, drafter: str, request_id: str = "") -> float | None:
+        """Acceptance rate of ``drafter`` on the requests of ``request_id``'s decoding it
+        fitted (None: too few yet)."""
+        return self._rate(*self._trials.get(self._name(drafter, request_id), (0.0, 0.0)))
 
-    def pooled_acceptance(self) -> float | None:
-        """Acceptance rate of all drafters together on the requests each fitted (None: too few
-        yet): what a drafter without a record of its own is expected to accept on a request it
-        fits. Its population rate is no such estimate: a specialist's is mostly the requests of
-        other kinds (on the demo family the structured drafter's is about 0.3, against 0.88 on
-        the requests it fits)."""
-        return self._rate(sum(t[0] for t in self._trials.values()),
-                          sum(t[1] for t in self._trials.values()))
+    def pooled_acceptance(self, request_id: str = "") -> float | None:
+        """Acceptance rate of all drafters together on the requests of ``request_id``'s decoding
+        each fitted (None: too few yet): what a drafter without a record of its own is expected
+        to accept on a request it fits. Its population rate is no such estimate: a specialist's
+        is mostly the requests of other kinds (on the demo family the structured drafter's is
+        about 0.3, against 0.88 on the requests it fits)."""
+        own = [t for name, t in self._trials.items()
+               if name.endswith(SAMPLED_SUFFIX) == (request_id in self._sampled)]
+        return self._rate(sum(t[0] for t in own), sum(t[1] for t in own))
 
     def _rate(self, accepted: float, rejected: float) -> float | None:
         total = accepted + rejected
@@ -161,6 +179,7 @@ class PromptFit:
         it best in the end (``worth_scoring``)."""
         agreement = self._agreement.pop(request_id, {})
         fitting = self._fitting.pop(request_id, ())
+        self._sampled.discard(request_id)
         if fitting and self.prune_after:
             for name in agreement:
                 wins = self._wins.setdefault(name, deque(maxlen=self.prune_after))

@@ -103,7 +103,8 @@ class Accounting:
             metrics.SPEC_ACCEPTED_POS.labels(name, str(pos)).inc()
         if self.store is not None:
             self.store.record(population_name(name, o.greedy), o.drafted, o.accepted,
-                              info.draft_wait_s, info.step_seconds - info.draft_wait_s)
+                              info.draft_wait_s, info.step_seconds - info.draft_wait_s,
+                              rejected=o.accepted < o.choice.k)  # a tree's k: its depth
 
     def streamed(self, r: RouterRequest, tokens: int, finish: str | None) -> None:
         """``tokens`` new tokens went to the client (``finish``: the last message's reason)."""

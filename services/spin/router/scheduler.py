@@ -226,7 +226,7 @@ class Scheduler:
                            {n: head_s.get(n, p.seconds) for n, p in drafts.items()},
                            reply.verify_seconds - sum(head_s.values()) if reply is not None
                            else 0.0, called)
-        self._apply(reqs, plan, reply, trees, scores, step, t0)
+        self._apply(reqs, plan, reply, trees, set(asks), scores, step, t0)
         if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
 
@@ -284,8 +284,8 @@ class Scheduler:
 
     # ---- after verification -----------------------------------------------------------------
     def _apply(self, reqs: list[RouterRequest], plan: StepPlan, reply: VerifyReply | None,
-               trees: dict[str, TokenTree], scores: dict[str, list[Score]], step: StepOutcome,
-               t0: float) -> None:
+               trees: dict[str, TokenTree], asked: set[str], scores: dict[str, list[Score]],
+               step: StepOutcome, t0: float) -> None:
         """Apply each verdict (stream its tokens, requeue a preempted request), then hand the
         step's outcome to the policy and the accounting, then finish the requests that are
         done (after the policy saw their last step)."""
@@ -300,6 +300,8 @@ class Scheduler:
             tree = trees.get(r.request_id)
             o = self._outcome(r, choice if tree is not None else StepChoice(None), tree, res,
                               tuple(scores.get(r.request_id, ())))
+            if tree is None and r.request_id in asked:
+                o = replace(o, asked=True)
             outcomes.append(o)
             if res is not None:
                 tracing.end_step(r, o.choice, o.drafted, res)

@@ -2,8 +2,8 @@
 
 ``RedisStatsStore`` flushes that aggregate from a daemon thread, every ``flush_interval_s``, as ONE
 MULTI/EXEC transaction of HINCRBY/HINCRBYFLOAT on a hash per drafter (``{prefix}:{drafter}``, fields
-``drafts``, ``draft_tokens``, ``accepted_tokens``, ``accepted_pos:{i}``, ``drafted_pos:{i}``,
-``draft_seconds``, ``verify_seconds``) plus SADD of the drafter to ``{prefix}:drafters``. Router
+``drafts``, ``draft_tokens``, ``accepted_tokens``, ``rejections``, ``accepted_pos:{i}``,
+``drafted_pos:{i}``, ``draft_seconds``, ``verify_seconds``) plus SADD of the drafter to ``{prefix}:drafters``. Router
 replicas sharing one Redis add up, since they only increment.
 
 Exactly once: a batch whose outcome is unknown (an error, maybe after EXEC ran) is kept with its

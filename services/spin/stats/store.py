@@ -1,9 +1,9 @@
 """Acceptance statistics per drafter, collected off the decoding path.
 
-The router calls ``store.record(drafter, k, accepted, draft_s, verify_s)`` after every verification
-step for every request that speculated. ``record`` is O(1) and never blocks on I/O or raises: it
-adds to an in-process pending aggregate under a lock (histograms of ``k`` and ``accepted``; the
-per-position counts are derived from them when read or flushed).
+The router calls ``store.record(drafter, k, accepted, draft_s, verify_s, rejected)`` after every
+verification step for every request that speculated. ``record`` is O(1) and never blocks on I/O
+or raises: it adds to an in-process pending aggregate under a lock (histograms of ``k`` and
+``accepted``; the per-position counts are derived from them when read or flushed).
 
 ``RedisStatsStore`` (``redis_store.py``) writes it to Redis, shared by router replicas;
 ``MemoryStatsStore`` keeps it in process.
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_KEY_PREFIX = "spin:acceptance"
 RESERVED_DRAFTER_NAMES = frozenset({"drafters"})
 """Names that would collide with ``{prefix}:drafters``; drafters starting with ``_`` are refused too."""
-_INT_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
+_INT_FIELDS = ("drafts", "draft_tokens", "accepted_tokens", "rejections")
 _FLOAT_FIELDS = ("draft_seconds", "verify_seconds")
 _ACCEPTED_POS, _DRAFTED_POS = "accepted_pos:", "drafted_pos:"
 @dataclass
@@ -35,6 +35,9 @@ class DrafterStats:
     """Sum of k: draft tokens (tree nodes) proposed."""
     accepted_tokens: int = 0
     """Sum of accepted draft tokens (the bonus token of the target is not counted)."""
+    rejections: int = 0
+    """Steps whose draft the target rejected before its end (a chain stops at its first
+    rejection; a step that accepted its whole chain has none)."""
     accepted_per_pos: dict[int, int] = field(default_factory=dict)
     """Position i -> steps in which position i was accepted (accepted >= i), i = 1..k_max."""
     drafted_per_pos: dict[int, int] = field(default_factory=dict)
@@ -48,6 +51,20 @@ class DrafterStats:
     def acceptance_rate(self) -> float:
         """accepted_tokens / draft_tokens (0.0 before any draft token)."""
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def chain_acceptance(self) -> float:
+        """The per-token acceptance a chain's length follows: accepted_tokens / (accepted_tokens
+        + rejections), the truncated-geometric estimate the policy predicts with
+        (``policy/acceptance.py``). ``acceptance_rate`` counts a chain's tokens after its first
+        rejection as rejected too, though the target never judged them: for the demo's EAGLE
+        head at k = 4 on sampled prompts it is 0.46 where this is 0.71, and 0.71 predicts the
+        2.81 tokens a step measured (1 + 0.71 + ... + 0.71^4 = 2.83). Records from before
+        rejections were counted (none while tokens were rejected) give ``acceptance_rate``."""
+        if self.rejections == 0 and self.accepted_tokens < self.draft_tokens:
+            return self.acceptance_rate
+        seen = self.accepted_tokens + self.rejections
+        return self.accepted_tokens / seen if seen else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -86,15 +103,17 @@ class _Tally:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    rejections: int = 0
     k_counts: dict[int, int] = field(default_factory=dict)
     accepted_counts: dict[int, int] = field(default_factory=dict)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
 
-    def add(self, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def add(self, k: int, accepted: int, rejected: bool, draft_s: float, verify_s: float) -> None:
         self.drafts += 1
         self.draft_tokens += k
         self.accepted_tokens += accepted
+        self.rejections += rejected
         self.k_counts[k] = self.k_counts.get(k, 0) + 1
         self.accepted_counts[accepted] = self.accepted_counts.get(accepted, 0) + 1
         self.draft_seconds += draft_s
@@ -111,6 +130,7 @@ class _Tally:
             drafts=self.drafts,
             draft_tokens=self.draft_tokens,
             accepted_tokens=self.accepted_tokens,
+            rejections=self.rejections,
             accepted_per_pos={i: _at_least(self.accepted_counts, i) for i in range(1, k_max + 1)},
             drafted_per_pos={i: _at_least(self.k_counts, i) for i in range(1, k_max + 1)},
             draft_seconds=self.draft_seconds,
@@ -155,8 +175,11 @@ def _to_population(tallies: Tallies) -> Population:
 class StatsStore(Protocol):
     """Where the router records acceptance statistics; see the module docstring."""
 
-    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Count one verification step of one request: O(1), never blocks on I/O, never raises."""
+    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float,
+               rejected: bool | None = None) -> None:
+        """Count one verification step of one request: ``k`` draft tokens (tree nodes),
+        ``accepted`` of them, ``rejected``: the target rejected the draft before its end (None:
+        ``accepted < k``, a chain's rule). O(1), never blocks on I/O, never raises."""
         ...
 
     def population(self) -> dict[str, DrafterStats]:
@@ -180,8 +203,10 @@ class _TallyingStore:
         self._pending: Tallies = {}
         self._warned: set[str] = set()
 
-    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Count one verification step; bad arguments are logged (once per kind) and clamped/dropped."""
+    def record(self, drafter: str, k: int, accepted: int, draft_s: float, verify_s: float,
+               rejected: bool | None = None) -> None:
+        """Count one verification step (``StatsStore.record``); bad arguments are logged (once
+        per kind) and clamped/dropped."""
         try:
             name, k, accepted = str(drafter), int(k), int(accepted)
             draft_s, verify_s = float(draft_s), float(verify_s)
@@ -198,7 +223,8 @@ class _TallyingStore:
                 tally = self._pending.get(name)
                 if tally is None:
                     tally = self._pending[name] = _Tally()
-                tally.add(k, accepted, draft_s, verify_s)
+                tally.add(k, accepted, accepted < k if rejected is None else bool(rejected),
+                          draft_s, verify_s)
         except Exception:  # never let statistics break decoding
             self._warn_once("error", "stats record(%r, %r, %r) failed", drafter, k, accepted, exc_info=True)
 

@@ -91,3 +91,23 @@ def test_a_tracker_without_settings_takes_the_controllers_defaults() -> None:
     t = AcceptanceTracker()
     assert t.cfg == ControllerConfig()
     assert t.get("r", "d") == ControllerConfig().prior_acceptance
+
+
+def test_a_held_requests_estimate_ages_back_to_the_population_rate() -> None:
+    """Two bad steps pull the estimate below the population's; each step held at k = 0 then
+    moves it back as a step of ``prior_trials`` trials at that rate would, so the controller
+    tries the drafter again; a drafter the request never used is left alone."""
+    t = AcceptanceTracker(ControllerConfig(ema=0.3, prior_trials=2.0))
+    t.set_population({"eagle@sampled": 0.7})
+    t.begin("r", greedy=False)
+    t.update("r", "eagle", 4, 2)
+    t.update("r", "eagle", 4, 0)
+    low = t.get("r", "eagle")
+    assert low == pytest.approx(0.58, abs=0.01)
+    seen = [low]
+    for _ in range(12):
+        t.relax("r", "eagle")
+        seen.append(t.get("r", "eagle"))
+    assert all(a < b for a, b in zip(seen, seen[1:])) and seen[-1] == pytest.approx(0.7, abs=0.01)
+    t.relax("r", "draft-code")  # never drafted for it: nothing to age
+    assert t.get("r", "draft-code") == t.prior("draft-code", "r")

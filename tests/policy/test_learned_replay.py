@@ -6,11 +6,11 @@ The recording was taken from the policy as it was before its per-request state m
 object (``request_state.py``) and ``choose`` into phases (drafters, k, scoring, prediction); any
 change to what the policy chooses shows up here as the first step that differs. Re-record
 (``python tests/policy/test_learned_replay.py``) only for a change meant to alter the choices, and
-say so where the change is described. Last re-recorded when scoring calls with no known saving
-stopped going ahead once their cost is measured, the saving then predicted by the cost model
-for the step's plan (``scoring_rounds.py``): fewer prompts are scored here, so the acceptance
-estimates and every later choice differ (the longest k recorded fell from 8 to 7). Before that,
-when the cost model's online calibration became multiplicative per part (``calibration.py``).
+say so where the change is described. Last re-recorded when a request held at k = 0 began to
+age its drafter's acceptance estimate back toward the population's (``AcceptanceTracker.relax``)
+and every bandit prior moved to the population's measured scale (``_prior_from_rate``): held
+requests speculate again sooner, so every later choice differs. Before that, when scoring calls
+with no known saving stopped going ahead once their cost is measured (``scoring_rounds.py``).
 
 Each scenario runs a small synthetic deployment: requests of three kinds arrive, share batches of
 up to four, accept draft tokens at their kind's rate per drafter (a seeded ``random.Random``), score

@@ -257,6 +257,35 @@ def test_a_request_alone_decides_by_its_own_speculation_and_its_kinds_plain_step
     assert all(second[:8]) and sum(second) >= 37  # at most a rare probe of plain steps
 
 
+def test_a_request_alone_starts_from_its_kinds_speculation_as_a_prior() -> None:
+    """A sampled step gives 1 to k + 1 tokens: a request whose first four steps gave one token
+    each has a standard error of about 0 on its own. Its speculating side starts from its
+    kind's (worth ``min_steps`` steps), so such a start does not decide plain steps for good
+    where earlier requests measured speculation at a gain with that spread; a request that
+    goes on accepting nothing still goes plain."""
+    def run(guard: LossGuard, rid: str, tokens: list[int]) -> list[bool]:
+        view, out = [RequestView(rid, 300, 10, 200, False)], []
+        for t in tokens:
+            spec = not guard.plain(view)[0]
+            out.append(spec)
+            o = RequestOutcome(rid, False, StepChoice("eagle" if spec else None, 4),
+                               4 if spec else 0, t - 1 if spec else 0, t if spec else 1, True)
+            guard.weigh(StepOutcome((o,), None, 0.0, 0.03 if spec else 0.014,
+                                    0.03 if spec else 0.014))
+        return out
+
+    warm = LossGuard(GuardConfig(min_steps=4, probe_min=4, cold_batch=1))
+    run(warm, "a", [3, 1, 5, 2, 4, 1, 3, 5] * 5)  # 100 tokens/s against 71 (its probes)
+    warm.release("a")
+    assert warm.rates()[step_kind([False])][1] > 0  # the plain side is measured
+    assert all(run(warm, "b", [1] * 5))  # a bad start: still speculating
+    assert not all(run(warm, "b", [1] * 20))  # but no better later: plain
+    cold = LossGuard(GuardConfig(min_steps=4, probe_min=4, cold_batch=1))
+    run(cold, "a", [1] * 8)  # plain probes measured, speculation at a loss
+    cold.release("a")
+    assert not all(run(cold, "c", [1] * 8))
+
+
 def test_the_learned_policy_probes_with_a_head() -> None:
     """Plain by decision, the learned policy's probes of speculation may use a draft head (the
     only drafter with a cost, every request's bandit picks it)."""

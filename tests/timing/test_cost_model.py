@@ -11,14 +11,14 @@ import pytest
 from spin.policy.base import PROMPT_LOOKUP
 from spin.timing.cost_model import CostModel, DraftSample, VerifySample, nnls
 
-TRUE_V = (2e-3, 1e-5, 2e-5, 1e-7, 1e-9)
+TRUE_V = (2e-3, 1e-5, 2e-5, 1e-7, 1e-9, 3e-3)
 TRUE_D = {"small": (5e-4, 3e-4, 2e-6, 1e-9, 1e-4), "big": (1e-3, 8e-4, 5e-6, 3e-9, 0.0)}
 TRUE_PL = 2e-5
 
 
 def _tv(b: int, s: int, c: int) -> float:
-    c0, c1, c2, c3, c4 = TRUE_V
-    return c0 + c1 * b + c2 * s + c3 * c + c4 * s * c / b
+    c0, c1, c2, c3, c4, c5 = TRUE_V
+    return c0 + c1 * b + c2 * s + c3 * c + c4 * s * c / b + c5 * (s > 1)
 
 
 def _td(name: str, b: int, k: int, c: int) -> float:
@@ -32,9 +32,9 @@ def _samples(n: int = 150, noise: float = 0.0,
              seed: int = 0) -> tuple[list[VerifySample], list[DraftSample]]:
     rng = np.random.default_rng(seed)
     vs, ds = [], []
-    for _ in range(n):
-        b = int(rng.integers(1, 65))
-        s = b + int(rng.integers(0, 8 * b + 1))
+    for i in range(n):
+        b = 1 if i % 10 == 0 else int(rng.integers(1, 65))  # some lone-token forwards
+        s = b + (0 if i % 20 == 0 else int(rng.integers(0, 8 * b + 1)))
         c = b * int(rng.integers(10, 4000))
         vs.append(VerifySample(b, s, c, _tv(b, s, c) * (1 + noise * rng.standard_normal())))
         for name in [*TRUE_D, PROMPT_LOOKUP]:
@@ -125,6 +125,32 @@ def test_predictions() -> None:
     assert m.has_drafter(PROMPT_LOOKUP) and m.has_drafter("big") and not m.has_drafter("nope")
 
 
+def test_a_forward_over_more_than_one_row_pays_the_step_once() -> None:
+    """c5: one request scoring one token is the lone cheap forward; a second token, or a
+    second request, pays the step once, and more of either do not pay it again."""
+    m = _model()
+    c5 = TRUE_V[5]
+    linear = CostModel(verify=TRUE_V[:5])  # a model file from before the term: c5 = 0
+    assert linear.verify == (*TRUE_V[:5], 0.0)
+    assert m.predict_verify(1, 1, 300) == pytest.approx(linear.predict_verify(1, 1, 300))
+    for b, s in ((1, 2), (1, 5), (2, 2), (2, 4), (8, 8)):
+        assert m.predict_verify(b, s, 300 * b) == pytest.approx(
+            linear.predict_verify(b, s, 300 * b) + c5)
+    scored = np.array([1.0, 2.0, 5.0])  # the controller's arrays of scored tokens
+    np.testing.assert_allclose(m.predict_verify(1, scored, 300),
+                               linear.predict_verify(1, scored, 300) + c5 * (scored > 1))
+
+
+def test_fit_finds_the_multi_row_step() -> None:
+    """Fitted on a lone request's 1, 5 and 9 tokens and batches of 4 (the services' start-up
+    grid), the step lands on c5, not on every token: 2 tokens are predicted within 1%."""
+    vs = [VerifySample(b, b * n, b * c, _tv(b, b * n, b * c))
+          for b in (1, 4, 16) for n in (1, 5, 9) for c in (64, 384)]
+    m = CostModel.fit(vs)
+    assert m.verify[5] == pytest.approx(TRUE_V[5], rel=1e-3)
+    assert m.predict_verify(1, 2, 300) == pytest.approx(_tv(1, 2, 300), rel=0.01)
+
+
 def test_a_padded_forward_costs_every_request_the_longest_rows_and_context() -> None:
     m = CostModel(verify=(0.01, 1e-3, 1e-4, 1e-6, 1e-8))
     # 3 requests padded to 200 new tokens and 500 of context: 600 rows over 1500 context tokens
@@ -189,7 +215,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     ("[1, 2]", "malformed"),
     ('{"version": 2, "verify": [0, 0, 0, 0, 0]}', "version"),
     ('{"version": 1}', "malformed"),
-    ('{"version": 1, "verify": [1, 2, 3]}', "5 coefficients"),
+    ('{"version": 1, "verify": [1, 2, 3]}', "6 coefficients"),
     ('{"version": 1, "verify": [0, 0, 0, 0, 0], "draft": {"x": [1]}}', "5 coefficients"),
     ('{"version": 1, "verify": [0, 0, 0, 0, "a"]}', "malformed"),
     ('{"version": 1, "verify": [0, 0, 0, 0, NaN]}', "non-finite"),

@@ -81,6 +81,20 @@ class AcceptanceTracker:
         st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
         st.n += 1
 
+    def relax(self, request_id: str, drafter: str) -> None:
+        """A step in which ``drafter``, the request's choice, drafted nothing (the controller
+        held it at k = 0): its evidence ages toward the population rate as a step of
+        ``prior_trials`` trials at that rate, weighted ``ema`` like a drafted one. A held
+        request gets no evidence, and an estimate from a few noisy steps would hold it at k = 0
+        for good: on sampled tuning prompts, two steps of the demo's EAGLE head accepting 2 and
+        0 of 4 (0.58 from 0.70) held requests plain for their remaining 60 steps, where the
+        head at k = 4 measured 1.26x plain over the same prompts (a router step trace)."""
+        st = self._state.get(request_id, {}).get(drafter)
+        if st is not None:
+            a0, p, w = self.prior(drafter, request_id), self.cfg.prior_trials, self.cfg.ema
+            st.s = (1 - w) * st.s + w * a0 * p
+            st.f = (1 - w) * st.f + w * (1 - a0) * p
+
     def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float,
                      keep: float = 1.0) -> None:
         """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's

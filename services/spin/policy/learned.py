@@ -13,37 +13,33 @@ Per step, for the running batch:
    request's acceptance estimate.
 
 A step in which the bandit's drafter did not speculate (k = 0) rewards it with the one token
-such a step yields (the bandit moves on from a drafter that never drafts); such a request first
-tries its next-best drafter through the controller once more. A model-free drafter is no
-candidate in a step in which it would find no match (``base.unmatched``).
+such a step yields; such a request first tries its next-best drafter through the controller
+once more. A model-free drafter is no candidate where it finds no match (``base.unmatched``).
 
 **Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix
 decoding: ``engine/model_free.py``) draft, and every model drafter scores the prompt during the
 verification (the target's prefill of it): the agreement ranks the drafters (``prompt_fit.py``),
 so from then on the request's bandit chooses between the best-fitting drafter, seeded from what
-it achieved on earlier requests it fitted, and the model-free ones. The first step earns no
+it achieved on earlier requests it fitted, the heads and the model-free ones. Every prior is on
+the scale of the population's measured goodput (``_prior_from_rate``). The first step earns no
 bandit reward: its time is the target's prefill.
 
 **Measured, not only predicted.** Per kind of step (batch size, greedy or sampled), the guard
-compares the tokens per second of steps that speculated with those of plain steps and runs plain
-steps where speculation measures less (``loss_guard.py``), probing the other side now and then.
+runs plain steps where speculating ones measure fewer tokens a second (``loss_guard.py``).
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
-scores them, seeding its acceptance estimate and bandit prior (``scoring_rounds.py``, which also
-prices what scoring calls and a model drafter's catch-up of a context may cost).
+scores them, seeding its acceptance estimate and bandit prior (``scoring_rounds.py``).
 
 **Calibration.** The cost model is fitted on bare forwards; in serving a step also pays round
-trips, the services' and the router's own work and the contention of processes sharing cores,
-so each part's prediction is corrected by a factor learnt on the steps that show it
-(``calibration.py``): the plain verification, what speculating adds to it, each drafter's call.
+trips, the services' and the router's work and contention, so each part's prediction is
+corrected by a factor learnt on the steps that show it (``calibration.py``).
 A step whose scoring calls ran beside the verification, or that prefilled a prompt, calibrates
 its drafters only; what scoring calls add to a step is fitted apart (``scoring_cost.py``).
 
 **Early-stopping chains.** A model drafter's chain stops once its probability falls below
-``stop_below``, so k is the longest chain the step may draft (``chain_length.py``).
-
-A request held at k = 0 for ``probe_every`` steps in a row gets one k = 1 step with its drafter,
-so its acceptance estimate can recover (the controller alone would never observe it again)."""
+``stop_below``, so k is the longest chain the step may draft (``chain_length.py``). A request
+held at k = 0 has its acceptance estimate age toward the population's (``relax``), and after
+``probe_every`` such steps in a row one k = 1 step with its drafter, unless that is a head."""
 
 from __future__ import annotations
 
@@ -187,8 +183,9 @@ class LearnedPolicy:
 
     def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:
         """The drafters the request's bandit chooses from: the model-free ones while the model
-        drafters score the prompt, then the best-fitting one, those and the heads, each seeded
-        with the goodput predicted at its acceptance estimate (``prompt_fit.py``)."""
+        drafters score the prompt, then the best-fitting one, those and the heads; a fitting
+        one is seeded from the earlier requests it fitted (``prompt_fit.py``,
+        ``_prior_from_rate``), the others keep the population's measure."""
         if not (self.cfg.prompt_fit and self.cfg.score_after):
             return available
         if r.generated == 0 and available & MODEL_FREE:
@@ -206,18 +203,14 @@ class LearnedPolicy:
                     w = self.cfg.fit_trials
                     self.controller.tracker.add_evidence(r.request_id, d, rate * w, (1 - rate) * w)
                     self._prior_from_rate(r.request_id, d, rate, r.context_len)
-            for h in self.heads & available:  # a prediction too, not the population's measure
-                rate = self.controller.tracker.get(r.request_id, h)
-                self._prior_from_rate(r.request_id, h, rate, r.context_len)
         return set(fitting) | (available & (MODEL_FREE | self.heads))
 
     def _ks(self, requests: list[RequestView], states: list[RequestState],
             drafters: list[str | None], batch: Batch, cands: dict[str, set[str]],
             policy_k: list[bool], prefill: int) -> list[int]:
         """Each request's k: the controller's (after the fallback, which may change a request's
-        drafter: ``drafters`` and ``batch`` are updated in place), a named drafter's own k, or a
-        probe with k = 1 after ``probe_every`` steps at k = 0; at most the tokens it has left
-        but one."""
+        drafter: ``drafters`` and ``batch`` in place), a named drafter's own k, or a probe with
+        k = 1 after ``probe_every`` steps at k = 0; at most the tokens it has left but one."""
         ks = self.controller.choose(batch, prefill) if any(policy_k) else [0] * len(requests)
         if self.cfg.fallback and any(r.mode == "auto" for r in requests):
             ks = self._fallback(requests, states, drafters, batch, ks, cands, prefill)
@@ -225,8 +218,8 @@ class LearnedPolicy:
         for r, s, d, k in zip(requests, states, drafters, ks):
             if r.mode == "drafter" and r.k:
                 k = r.k
-            elif d is not None and k == 0 and s.idle >= self.cfg.probe_every:
-                k = 1
+            elif d is not None and not k and s.idle >= self.cfg.probe_every and d not in self.heads:
+                k = 1  # (a head's k = 1 drafts a chain the next step, at k = 0, never verifies)
             k = min(k, r.remaining - 1)
             s.idle = 0 if k > 0 else s.idle + 1
             out.append(k)
@@ -320,8 +313,9 @@ class LearnedPolicy:
                 self.controller.observe(r.request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
-            if chosen is not None:  # the bandit's pick gave a plain step: one token
-                self.selector.update(r.request_id, chosen, 1, draft_s + verify_s)
+            if chosen is not None:  # the bandit's pick gave a plain step: one token, and its
+                self.selector.update(r.request_id, chosen, 1, draft_s + verify_s)  # evidence
+                self.controller.tracker.relax(r.request_id, chosen)  # ages
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(r.request_id, choice.drafter)
         self.selector.update(r.request_id, choice.drafter, accepted + 1, seconds)
@@ -362,14 +356,20 @@ class LearnedPolicy:
         return rate if best is None else best
 
     def _prior_from_rate(self, request_id: str, drafter: str, rate: float, ctx: int) -> None:
-        """The request's bandit prior of ``drafter``: the goodput the cost model predicts at the
-        best k for acceptance ``rate``, worth ``score_trials`` steps."""
+        """The request's bandit prior of ``drafter`` at acceptance ``rate`` (``score_trials``
+        steps): the population's measured goodput of it times the cost model's goodput at
+        ``rate`` over that at the population's acceptance (the prediction alone without a
+        measure): the arms stay on one scale, round trips and the services' work included."""
         best = self.controller.solo_goodput(request_id, drafter, rate, ctx)
+        pop = self.controller.tracker.prior(drafter, request_id)
         if best is None:  # no cost model: rescale the population prior instead
-            pop = self.controller.tracker.prior(drafter, request_id)
             self.selector.scale_prior(request_id, drafter,
                                       expected_tokens(rate, 4) / expected_tokens(pop, 4))
             return
+        measured = self.selector.population_reward(request_id, drafter)
+        at_pop = self.controller.solo_goodput(request_id, drafter, pop, ctx)
+        if measured is not None and at_pop:
+            best = measured * best / at_pop
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
     def set_cost_model(self, cost: CostModel | None) -> None:

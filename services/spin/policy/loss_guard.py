@@ -15,30 +15,29 @@ measures less, that kind of step runs without speculation (k = 0 for every reque
 The side not in use is probed with one step now and then, so a decision follows the traffic:
 first after ``probe_min`` steps, then, after each probe that confirmed the decision, at twice the
 interval or at what keeps the probes' cost within ``probe_budget`` of the time, whichever is
-longer, up to ``probe_max``; from ``probe_min`` again after a probe that reversed it. A probe of
+longer, up to ``probe_max``; from ``probe_min`` again after any change of it. A probe of
 speculation runs without the policy's scoring calls (on a 2-core CPU a probe at batch 32 with
 the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a plain step) and
 draft heads allowed. A head drafts the chain its request's *next* step verifies, so a request's
 first step with it verifies nothing; after a step the guard ran plain (a probe of plain steps, or
 plain by decision) such a step is the guard's transition, not speculation's cost: it is weighed
 on neither side, and in a probe of speculation the probe goes on for one more step, which
-verifies the chain. Before 2026-11-28 probes left heads out (in one sampled single-stream grid
-cell 85 of 3,860 plain-decided steps had paid a head's drafting for nothing), so a kind of step
-once decided plain never saw a head again: with the demo's EAGLE head at k = 4 sampled single
-streams measured 87.5 tokens/s against 69.3 plain on the tuning prompts (step trace), while
-the warmed learned policy, decided plain after four steps of its first request, ran 564 of 572
-steps plain. A head's first step after a speculating one (the bandit switched to it, or the
-controller chose k = 0 before) is weighed on speculation's side.
+verifies the chain. Before 2026-11-28 probes left heads out, so a kind of step once decided
+plain never saw a head again (the warmed learned policy ran 564 of 572 sampled single-stream
+steps plain on tuning prompts where the demo's EAGLE head at k = 4 measured 1.26x plain). A
+head's first step after a speculating one is weighed on speculation's side.
 
 **One request.** A step of one request alone is decided by that request's own record: its own
 speculating steps against its kind's plain ones (one plain side for all: a lone decoding step
-costs the same whoever's it is). Whether speculation pays one request alone is that request's
-matter, its acceptance and its drafter's; before 2026-11-28 the kind's record decided, and on
-the tuning prompts, sampled at temperature 0.8, one request on which the EAGLE head accepted 0
-or 1 token a step decided plain steps for all 8 after it (557 of 568 steps of the pass plain),
-where the head at k = 4 measured 1.26x plain over all 9. A request alone starts speculating
-(``cold_batch``), probing plain steps only until its kind's plain side has ``min_steps`` steps,
-then at its kind's last probe interval.
+costs the same whoever's it is), since whether speculation pays one request alone is that
+request's matter (before 2026-11-28 one request on which the head accepted 0 or 1 token a step
+decided plain steps for all 8 after it). Its speculating side starts from its kind's, as a
+prior worth ``min_steps`` steps (``_Side.prior``): a sampled step gives 1 to k + 1 tokens, and
+a request's first few alike (two steps of 0 accepted: 9% at acceptance 0.7) had a standard
+error of about 0: on tuning prompts requests went plain for good after 3-4 steps with the head,
+which at k = 4 measured 1.26x plain over the same prompts (the router's step trace). A request
+alone starts speculating (``cold_batch``), probing plain steps at its kind's interval
+(``probe_min`` until its kind's plain side has ``min_steps`` steps).
 
 A new kind of step starts from the decision of the nearest batch size of its decoding, as
 large or larger, that both sides have measured, and probes the other side at ``probe_min`` until
@@ -46,11 +45,9 @@ both have ``min_steps`` steps. Without such a batch size it starts plain, but fo
 request (``cold_batch``): speculation's marginal cost grows with the batch (the verifier scores
 ``B * (k + 1)`` tokens, every drafter catches up with every context), so a smaller batch's win
 is no evidence for a larger one, while one request is where speculation is made to win and a
-probe is cheapest. Before 2026-11-27 a new kind borrowed the nearest batch size's decision,
-smaller ones too, else speculated: on ``spin bench grid --split tuning --temperatures 0
---concurrency 32,64`` (2-core CPU, step trace) the first 31 prompts arriving at batch 32 then
-ran speculating with 124 prompt-scoring calls beside their prefill (1,669 ms against 1,031 ms
-for off's same step), where speculating steps then measured 0.68x plain ones.
+probe is cheapest. Before 2026-11-27 a new kind borrowed smaller batches' decisions too: on
+``spin bench grid --split tuning --temperatures 0 --concurrency 32,64`` the first 31 prompts
+arriving at batch 32 then ran speculating where speculating steps measured 0.68x plain ones.
 Steps in which a request prefills its prompt are not counted (their time is the prompt's) and
 probe nothing, but the decision holds there for every request, the prefilling ones too: a plain
 step scores no prompt (scoring 31 prompts of 270 tokens with four drafters beside their prefill
@@ -58,24 +55,15 @@ made that step 1.6x longer on a 2-core CPU), and a request that meets speculatio
 among all drafters by their population statistics. Where speculation is decided, the scoring
 calls of such a step (its prompts scored beside their prefill) are speculation's cost: the
 seconds the step took beyond its predicted verification are added to its kind's speculating
-side, without tokens. Before 2026-11-27 they were left out, and on ``spin bench grid --split
-tuning --temperatures 0 --concurrency 32,64 --prompts long`` (2-core CPU, step trace) steps of
-batch 32 with a prefill and scoring calls took 11-16 s of a 28-56 s cell while speculating
-steps measured 0.97x plain ones: the guard kept speculating.
-Tried, one ``spin bench grid`` run each (on its evaluation prompts: the grid had no tuning split
-yet), and worse there: counting those steps (a burst of prefills then sways a side's sums),
-medians of per-step rates (a drafter's gains are heavy-tailed: greedy prompt lookup at one
-request fell from 1.5x to about 1.0x off), and windows of the last 16 steps.
+side, without tokens (before 2026-11-27 they were left out, and on ``spin bench grid --split
+tuning --prompts long`` such steps took 11-16 s of a 28-56 s cell unseen by the guard).
+Tried and worse (one ``spin bench grid`` run each): counting those steps, medians of per-step
+rates (a drafter's gains are heavy-tailed), windows of the last 16 steps.
 
 A decision changes only where the other side measures better by more than the standard error
-of the two rates' difference (each a ratio of discounted sums: the delta method). A sampled
-single stream's steps give 1 to k + 1 tokens, and four steps a side decided by noise: with the
-demo's EAGLE head, 1.26x plain at k = 4 over the tuning prompts, the first request's few steps
-could decide plain for every request after it.
+of the two rates' difference (each a ratio of discounted sums: the delta method).
 
 No threshold is set by hand: the rule compares two measured rates and their measured noise.
-The probing constants bound what a decision costs and how fast it follows a change
-(``GuardConfig``).
 """
 
 from __future__ import annotations
@@ -162,6 +150,16 @@ class _Side:
         r = self.rate
         residual = max(0.0, tt - 2 * r * ts + r * r * ss) / self.weight
         return residual * w2 / (self.seconds * self.seconds)
+
+    def prior(self, steps: int) -> _Side:
+        """This side's rate and spread as a prior worth at most ``steps`` steps (no steps of
+        its own): its sums scaled to that weight, its effective count set to it."""
+        w = min(float(steps), self.weight)
+        if w <= 0:
+            return _Side()
+        f = w / self.weight
+        tt, ts, ss, _ = self.squares
+        return _Side(f * self.tokens, f * self.seconds, w, 0, (f * tt, f * ts, f * ss, w))
 
     def charge(self, seconds: float) -> None:
         """Seconds this side's steps cost outside them (no tokens, no step)."""
@@ -317,7 +315,8 @@ class LossGuard:
             shared = self._kind(kind)
             known = shared.off.steps >= self.cfg.min_steps  # no plain probes to begin with
             solo = self._solo[ids[0]] = _Kind(
-                off=shared.off, speculate=self._cold(kind),
+                spec=shared.spec.prior(self.cfg.min_steps), off=shared.off,
+                speculate=self._cold(kind),
                 interval=shared.interval if known else self.cfg.probe_min)
         return solo
 
@@ -352,8 +351,7 @@ class LossGuard:
             k.spec.add(tokens, seconds, self.cfg.decay)
         if not self.cfg.enabled or not k.decided(self.cfg.min_steps):
             return
-        # the decision changes where the other side measures better by more than the standard
-        # error of the difference (module doc: a sampled step's tokens vary 1..k+1)
+        # a change needs the other side better by more than the difference's standard error
         gap, noise = k.spec.rate - k.off.rate, math.sqrt(k.spec.variance + k.off.variance)
         wins = gap >= -noise if k.speculate else gap > noise
         if speculated != k.speculate:  # a probe: did it confirm the decision?
@@ -364,6 +362,8 @@ class LossGuard:
                 k.interval = min(max(2 * k.interval, paid), self.cfg.probe_max)
             else:
                 k.interval = self.cfg.probe_min
+        elif wins != k.speculate:  # the side in use reversed it: probed back from probe_min
+            k.interval, k.since_probe = self.cfg.probe_min, 0
         k.speculate = kind_rec.speculate = wins  # a request alone's: its kind's too (reported,
         kind_rec.interval = k.interval  # and where the next request alone starts probing)
 

@@ -250,6 +250,13 @@ class DraftSelector:
                 arm.mean = (reward / req.scale * weight + arm.own_sum) / arm.weight
                 arm.m2 = 0.0 if arm.n == 0 else arm.m2
 
+    def population_reward(self, request_id: str, drafter: str) -> float | None:
+        """The population's measured goodput (tokens/s) of ``drafter`` for the request's
+        decoding (``population_entry``); None when it has none."""
+        with self._lock:
+            pop = population_entry(self._population, drafter, self._request(request_id).greedy)
+        return pop.mean_reward if pop is not None else None
+
     def release(self, request_id: str) -> None:
         """Forget the request (finished or cancelled)."""
         with self._lock:

@@ -3,10 +3,19 @@
 Verification (one target forward over the whole batch)::
 
     t_verify = c0 + c1·batch + c2·scored_tokens + c3·context_tokens + c4·scored_tokens·mean_context
+               + c5·[scored_tokens > 1]
 
 with ``scored_tokens`` = Σ_i (tree size_i + 1), ``context_tokens`` = Σ_i context_i and
-``mean_context`` = context_tokens / batch (so the last term ≈ attention of the new tokens over the
-contexts: Σ_i scored_i·context_i for a uniform batch).
+``mean_context`` = context_tokens / batch (so the c4 term ≈ attention of the new tokens over the
+contexts: Σ_i scored_i·context_i for a uniform batch). The c5 term is a forward over more than
+one row: its matrix products over one token run as matrix-vector products, over several as
+matrix-matrix ones, which cost more per forward. Measured in process on this project's 2-core CPU
+(demo target, float32, one thread, 300 tokens of context each): one request scoring 1, 2, 3 and 5
+tokens took 9.9, 12.4, 16.0 and 15.5 ms; two requests scoring 1 and 2 each, 14.8 and 15.3 ms.
+Without the term the fit (on 1, 5 and 9 tokens a request) spread that step over ``c2``, predicting
+a single stream's 2 tokens at about 10 ms, and the controller of a single sampled stream with the
+demo's EAGLE head chose k = 1-3, where its steps measured the same 25-29 ms for every k from 1 to
+4 (a router step trace on tuning prompts) and only a long chain pays.
 
 Drafting (one call of a model drafter that drafts k levels; each level is one forward over the
 requests still drafting, as ``engine.drafter`` does)::
@@ -126,7 +135,8 @@ def _fit_relative(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
 
 def _verify_features(batch: np.ndarray, scored: np.ndarray, context: np.ndarray) -> np.ndarray:
     mean_ctx = context / np.maximum(batch, 1)
-    return np.stack([np.ones_like(batch), batch, scored, context, scored * mean_ctx], axis=1)
+    return np.stack([np.ones_like(batch), batch, scored, context, scored * mean_ctx,
+                     (scored > 1).astype(float)], axis=1)
 
 
 def _check(cond: bool, what: str) -> None:
@@ -138,8 +148,9 @@ def _check(cond: bool, what: str) -> None:
 class CostModel:
     """Step-time model; see the module docstring for the formulas."""
 
-    verify: tuple[float, float, float, float, float]
-    """(c0, c1, c2, c3, c4) of the verification model, seconds."""
+    verify: tuple[float, ...]
+    """(c0, c1, c2, c3, c4, c5) of the verification model, seconds (a 5-tuple means c5 = 0: a
+    model file from before the term)."""
     draft: dict[str, tuple[float, float, float, float, float]] = field(default_factory=dict)
     """Per model drafter: (d0, d1, d2, d3, d4) of the draft model, seconds (a 4-tuple means
     d4 = 0)."""
@@ -158,6 +169,7 @@ class CostModel:
     (``tree_shape.fed``), fitted on tree samples (0 without)."""
 
     def __post_init__(self) -> None:
+        self.verify = (*self.verify, 0.0) if len(self.verify) == 5 else tuple(self.verify)
         self.draft = {n: (*d, 0.0) if len(d) == 4 else tuple(d)  # type: ignore[misc]
                       for n, d in self.draft.items()}
 
@@ -173,9 +185,10 @@ class CostModel:
         an empty batch."""
         if batch <= 0:
             return 0.0
-        c0, c1, c2, c3, c4 = self.verify
+        c0, c1, c2, c3, c4, c5 = self.verify
         return (c0 + c1 * batch + c2 * scored_tokens + c3 * context_tokens
-                + c4 * scored_tokens * (context_tokens / batch))
+                + c4 * scored_tokens * (context_tokens / batch)
+                + c5 * (np.asarray(scored_tokens) > 1))
 
     def predict_padded_verify(self, rows: int, max_q: int, max_k: int) -> float:
         """Seconds of one target forward over ``rows`` requests each padded to ``max_q`` new
@@ -320,7 +333,7 @@ class CostModel:
             _check(raw.get("version") == VERSION,
                    f"version {raw.get('version')!r}, expected {VERSION}")
             verify = tuple(float(x) for x in raw["verify"])
-            _check(len(verify) == 5, "'verify' needs 5 coefficients")
+            _check(len(verify) in (5, 6), "'verify' needs 6 coefficients (5 in older files)")
             draft = {str(n): tuple(float(x) for x in d) for n, d in raw.get("draft", {}).items()}
             _check(all(len(d) in (4, 5) for d in draft.values()),
                    "each 'draft' needs 5 coefficients (4 in files without the log term)")

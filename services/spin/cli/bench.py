@@ -8,6 +8,7 @@ from pathlib import Path
 from ..zoo.specs import FAMILY_DIR
 from .bench_gpu import add_gpu
 from .bench_grid import add_dataset, add_grid, add_rates, add_trace
+from .bench_learned import add_learned
 from .bench_prefix import add_prefix
 from .bench_prediction import add_prediction
 from .bench_structured import add_structured
@@ -16,13 +17,13 @@ from .flags import fail, policy_overrides, positive, write_json
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|dataset|grid|rates|
-    trace|gpu|suffix|prefix|structured|prediction``."""
+    """``spin bench engine|attention|steps|services|api|policy|sweep|fit|ab|learned|dataset|
+    grid|rates|trace|gpu|suffix|prefix|structured|prediction``."""
     bench = sub.add_parser("bench", help="benchmarks, measured side by side in one run")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_engine, _add_attention, _add_services, _add_api, _add_policy, _add_sweep,
-                _add_fit, _add_ab, add_dataset, add_grid, add_rates, add_trace, add_gpu, add_suffix,
-                add_prefix, add_structured, add_prediction):
+                _add_fit, _add_ab, add_learned, add_dataset, add_grid, add_rates, add_trace,
+                add_gpu, add_suffix, add_prefix, add_structured, add_prediction):
         add(bsub)
 
 

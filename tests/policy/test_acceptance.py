@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from spin.policy.acceptance import AcceptanceTracker
+from spin.policy.dispersion import MIN_REQUESTS
 from spin.policy.goodput import ControllerConfig
 
 
@@ -94,12 +95,12 @@ def test_a_tracker_without_settings_takes_the_controllers_defaults() -> None:
 
 
 def test_a_held_requests_estimate_ages_back_to_the_population_rate() -> None:
-    """Two bad steps pull the estimate below the population's; each step held at k = 0 then
-    moves it back as a step of ``prior_trials`` trials at that rate would, so the controller
-    tries the drafter again; a drafter the request never used is left alone."""
+    """Two bad steps pull a greedy request's estimate below the population's; each step held
+    at k = 0 then moves it back as a step of ``prior_trials`` trials at that rate would, so the
+    controller tries the drafter again; a drafter the request never used is left alone."""
     t = AcceptanceTracker(ControllerConfig(ema=0.3, prior_trials=2.0))
-    t.set_population({"eagle@sampled": 0.7})
-    t.begin("r", greedy=False)
+    t.set_population({"eagle": 0.7})
+    t.begin("r", greedy=True)
     t.update("r", "eagle", 4, 2)
     t.update("r", "eagle", 4, 0)
     low = t.get("r", "eagle")
@@ -111,3 +112,59 @@ def test_a_held_requests_estimate_ages_back_to_the_population_rate() -> None:
     assert all(a < b for a, b in zip(seen, seen[1:])) and seen[-1] == pytest.approx(0.7, abs=0.01)
     t.relax("r", "draft-code")  # never drafted for it: nothing to age
     assert t.get("r", "draft-code") == t.prior("draft-code", "r")
+
+
+def test_a_sampling_requests_steps_count_alike_and_its_prior_is_never_spent() -> None:
+    """A sampling request's estimate is (S + m a0) / (S + F + m): every step's accepted tokens
+    and rejection count alike, and the population's rate keeps its ``m`` trials however many
+    steps come (``prior_trials`` until the dispersion is measured); a step held at k = 0 moves
+    nothing; predicted evidence (a fit's seed, scores) is discounted as the steps come."""
+    t = AcceptanceTracker(ControllerConfig(prior_trials=2.0))
+    t.set_population({"eagle@sampled": 0.7})
+    t.begin("r", greedy=False)
+    steps = [(4, 4), (4, 0), (4, 2), (3, 3), (4, 1)]
+    for k, acc in steps:
+        t.update("r", "eagle", k, acc)
+    s, f = 10.0, 3.0
+    assert t.get("r", "eagle") == pytest.approx((s + 2 * 0.7) / (s + f + 2))
+    t.relax("r", "eagle")
+    assert t.get("r", "eagle") == pytest.approx((s + 2 * 0.7) / (s + f + 2))
+    t.add_evidence("r", "eagle", 4, 4)  # a prediction: it weighs less with each step
+    assert t.get("r", "eagle") == pytest.approx((s + 4 + 2 * 0.7) / (s + f + 8 + 2))
+    t.update("r", "eagle", 4, 4)
+    w = 1 - t.cfg.ema
+    assert t.get("r", "eagle") == pytest.approx((s + 4 + 4 * w + 2 * 0.7)
+                                                 / (s + 4 + f + 8 * w + 2))
+
+
+def test_the_prior_strength_is_measured_from_how_much_released_requests_differ() -> None:
+    """Released sampling requests record their own counts per drafter; from ``MIN_REQUESTS``
+    of them the prior's strength is the method of moments' m = a (1 - a) / v - 1: requests
+    alike (rates within their sampling noise) make the population rate weigh the most, requests
+    far apart make each request's own steps decide."""
+    rng = np.random.default_rng(3)
+
+    def tracker_after(rates: list[float]) -> AcceptanceTracker:
+        t = AcceptanceTracker(ControllerConfig(prior_trials=2.0))
+        t.set_population({"d@sampled": 0.7})
+        for i, a in enumerate(rates):
+            t.begin(f"r{i}", greedy=False)
+            for acc in _geometric_steps(rng, a, 4, 25):
+                t.update(f"r{i}", "d", 4, acc)
+            t.release(f"r{i}")
+        return t
+
+    few = tracker_after([0.7] * (MIN_REQUESTS - 1))
+    assert few.strength("d") == 2.0  # not measured yet: prior_trials
+    alike = tracker_after([0.7] * 24).strength("d")
+    apart = tracker_after([0.2, 0.95] * 12).strength("d")
+    assert alike > 50 and apart < 3
+    t = tracker_after([0.7] * 24)
+    t.begin("x", greedy=False)
+    t.update("x", "d", 4, 0)
+    assert t.get("x", "d") > 0.68  # one bad step against a prior of requests alike
+    assert AcceptanceTracker().strength("d") == ControllerConfig().prior_trials
+    greedy = AcceptanceTracker()
+    greedy.update("g", "d", 4, 2)
+    greedy.release("g")
+    assert all(greedy.dispersion.strength(e) is None for e in ("d", "d@sampled"))

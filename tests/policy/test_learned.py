@@ -9,8 +9,10 @@ import pytest
 from spin.policy.base import PROMPT_LOOKUP, RequestView, StepChoice, StepPrediction
 from spin.timing.cost_model import CostModel
 from spin.policy.chain_length import EMA
+from spin.policy.head_chains import pays
 from spin.policy.learned import LearnedPolicy, learned_config
 from spin.policy.loss_guard import step_kind
+from spin.policy.outcome import RequestOutcome, StepOutcome
 from spin.stats.store import DrafterStats
 from policy.steps import observe, observe_score, observe_step, without_guard
 
@@ -602,13 +604,12 @@ def test_priors_are_the_populations_measure_moved_by_the_requests_evidence() -> 
         policy.close()
 
 
-@pytest.mark.parametrize("drafter, probes", [("draft-code", True), ("eagle", False)])
-def test_a_held_request_probes_with_a_model_drafter_not_with_a_head(drafter: str,
-                                                                    probes: bool) -> None:
+@pytest.mark.parametrize("drafter", ["draft-code", "eagle"])
+def test_a_held_request_probes_its_drafter_with_k_1(drafter: str) -> None:
     """Held at k = 0, a request probes its drafter with k = 1 every ``probe_every`` steps: a
-    model drafter's probe is verified in its step; a head's k = 1 would draft a chain that
-    the next step, back at k = 0, never verifies, so a head gets none (its estimate ages back
-    to the population's instead: ``AcceptanceTracker.relax``)."""
+    model drafter's probe is verified in its step; a head's drafts a chain in its step (which
+    verifies nothing: ``asked``) that the next one verifies at k = 0, asking for no more
+    (``head_chains.py``)."""
     cost = _cost()
     cost.draft["eagle"] = (0.0, 0.001, 0.0, 0.0, 0.0)
     pop = {drafter: _stats(100, 10)}  # accepts 0.1 a token: the controller holds k = 0
@@ -616,11 +617,73 @@ def test_a_held_request_probes_with_a_model_drafter_not_with_a_head(drafter: str
                            population=lambda: pop)
     heads = frozenset({"eagle"} & {drafter})
     try:
-        ks = []
+        ks, verified = [], []
         for g in range(1, 20):
             (c,) = policy.choose([_generated("p", g)], {drafter}, heads)
             ks.append(c.k)
+            if heads and c.k and c.ask is None:  # the head's probe: it drafts, verifies none
+                policy.observe(StepOutcome((RequestOutcome("p", True, StepChoice(None),
+                                                           verified=True, emitted=1,
+                                                           asked=True),)))
+                continue
+            verified.append(c)
             observe(policy, "p", c, 0, 0.001 if c.k else 0.0, 0.010)
-        assert (max(ks) == 1 and ks.count(1) >= 3) if probes else not any(ks)
+        assert max(ks) == 1 and ks.count(1) >= (6 if heads else 3)
+        probes = [c for c in verified if c.k]
+        assert probes and all(c.drafter == drafter and c.k == 1 for c in probes)
+        assert all(c.ask == 0 for c in probes) if heads else all(c.ask is None for c in probes)
     finally:
         policy.close()
+
+
+def test_a_heads_chain_is_verified_when_the_controller_stops_drafting(monkeypatch) -> None:
+    """The chain a head drafted for a request's coming step is verified even where the
+    controller gives the request k = 0 (``StepChoice.ask`` = 0: no new chain), then the request
+    runs plain; a step that was not verified holds no chain."""
+    without_guard(monkeypatch)
+    cost = _cost()
+    cost.draft["eagle"] = (0.0, 0.001, 0.0, 0.0, 0.0)
+    pop = {"eagle": _stats(100, 350)}  # accepts ~0.88 a token
+    policy = LearnedPolicy(learned_config({"score_after": 0, "probe_every": 100}), cost,
+                           population=lambda: pop)
+    heads = frozenset({"eagle"})
+    try:
+        (c,) = policy.choose([_generated("p", 1)], {"eagle"}, heads)
+        assert c.drafter == "eagle" and c.k > 0 and c.ask is None
+        seen = []
+        for g in range(2, 30):  # every draft rejected: the estimate falls to k = 0
+            observe(policy, "p", c, 0, 0.001, 0.010)
+            (c,) = policy.choose([_generated("p", g)], {"eagle"}, heads)
+            seen.append(c)
+            if c.ask == 0:
+                break
+        last = seen[-2] if len(seen) > 1 else None
+        assert c.drafter == "eagle" and c.ask == 0 and last is not None and c.k == last.k
+        observe(policy, "p", c, 0, 0.0, 0.012)
+        (c,) = policy.choose([_generated("p", 40)], {"eagle"}, heads)
+        assert c.drafter is None  # nothing held any more
+        policy.head_chains.verified("q", False)
+        policy.head_chains.planned([_generated("q", 1)], [StepChoice("eagle", 3)], heads)
+        policy.head_chains.verified("q", False)  # preempted, failed: no chain held
+        assert policy.head_chains.held("q") is None
+    finally:
+        policy.close()
+
+
+def test_a_held_chain_is_verified_only_where_the_cost_model_says_it_pays() -> None:
+    """Alone, a held chain's extra rows cost less than the tokens they are expected to give; in
+    a batch of 32 plain requests whose every scored token costs 4 ms, four more rows cost more
+    than the ~1.3 tokens they give. Without a cost model it is verified."""
+    pop = {"eagle": _stats(100, 250)}
+    for per_token, batch, verified in [(1e-4, 1, True), (0.004, 32, False)]:
+        policy = LearnedPolicy(cost=_cost(per_token), population=lambda: pop)
+        try:
+            views = [_generated(f"r{i}", 5) for i in range(batch)]
+            for v in views:
+                policy.controller.tracker.begin(v.request_id, True)
+            assert pays(views, [None] * batch, [0] * batch, {0: ("eagle", 4)},
+                        policy.controller) is verified
+        finally:
+            policy.close()
+    bare = LearnedPolicy()
+    assert pays([_generated("r", 5)], [None], [0], {0: ("eagle", 4)}, bare.controller)

@@ -286,6 +286,40 @@ def test_a_request_alone_starts_from_its_kinds_speculation_as_a_prior() -> None:
     assert not all(run(cold, "c", [1] * 8))
 
 
+def test_a_request_alone_weighs_each_drafter_on_its_own_side() -> None:
+    """A request alone whose bandit first tries a drafter that gives one token a step, then
+    keeps one that gives four, is weighed by the drafter it uses: the loser's steps are no
+    evidence against the other, which starts from the kind's side as a prior and, plain by the
+    loser's record, speculates again from its first probe. With one drafter throughout the
+    same steps stay plain; returning to the loser finds its own record."""
+    def run(guard: LossGuard, rid: str, steps: list[tuple[str, int]]) -> list[bool]:
+        view, out = [RequestView(rid, 300, 10, 200, False)], []
+        for drafter, t in steps:
+            spec = not guard.plain(view)[0]
+            out.append(spec)
+            o = RequestOutcome(rid, False, StepChoice(drafter if spec else None, 4),
+                               4 if spec else 0, t - 1 if spec else 0, t if spec else 1, True)
+            guard.weigh(StepOutcome((o,), None, 0.0, 0.03 if spec else 0.014,
+                                    0.03 if spec else 0.014))
+        return out
+
+    def warm() -> LossGuard:
+        guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, cold_batch=1))
+        run(guard, "a", [("eagle", t) for t in [3, 1, 5, 2, 4, 1, 3, 5] * 5])
+        guard.release("a")
+        return guard
+
+    tried = [("draft-code", 1)] * 6  # 33 tokens/s against 71 plain: plain after them
+    switched = run(warm(), "b", tried + [("eagle", 4)] * 10)
+    assert switched[:6] == [True] * 6 and not any(switched[6:9])
+    assert sum(switched[9:]) >= 5  # the probe with the head: a new chance, and it wins
+    kept = run(warm(), "b", tried + [("draft-code", 4)] * 10)
+    assert sum(kept[9:]) <= 1  # its own record: plain but for probes
+    guard = warm()
+    run(guard, "b", tried + [("eagle", 4)] * 4)
+    assert sum(run(guard, "b", [("draft-code", 1)] * 8)[1:]) <= 1  # back to its record
+
+
 def test_the_learned_policy_probes_with_a_head() -> None:
     """Plain by decision, the learned policy's probes of speculation may use a draft head (the
     only drafter with a cost, every request's bandit picks it)."""

@@ -30,6 +30,21 @@ def test_a_step_proposes_the_chain_drafted_with_the_last_verdict() -> None:
     assert second.seconds == 0.0 and not second.remote
 
 
+def test_a_step_asking_for_none_verifies_the_chain_and_drafts_no_more() -> None:
+    """``StepChoice.ask`` = 0 (the policy's k = 0 for a request holding a chain): the chain is
+    proposed, the head asked for nothing, so the step after it has no chain."""
+    head, r = DraftHead("h", lambda: True), _request()
+    asyncio.run(head.propose([(r, StepChoice("h", 3))], 1.0))
+    head.verified({"r": VerifyResult("r", [9], 0, head_draft=[5, 6, 7])})
+    r.generated.append(9)
+    last = asyncio.run(head.propose([(r, StepChoice("h", 3, ask=0))], 1.0))
+    assert last.trees["r"].tokens == (5, 6, 7) and last.asks["r"] == HeadAsk("h", k=0, stored=3)
+    head.verified({"r": VerifyResult("r", [5, 8], 1)})  # no draft came back
+    r.generated.extend([5, 8])
+    after = asyncio.run(head.propose([(r, StepChoice("h", 3))], 1.0))
+    assert after.trees == {} and after.asks["r"].stored == 0
+
+
 def test_a_chain_for_another_context_is_not_proposed() -> None:
     head, r = DraftHead("h", lambda: True), _request()
     asyncio.run(head.propose([(r, StepChoice("h", 3))], 1.0))

@@ -197,6 +197,8 @@ class Recording(FixedPolicy):
                  predict: StepPrediction | None = None, stop_below: float = 0.0) -> None:
         super().__init__(drafter, k, fallback=None)
         self.predict, self.stop_below = predict, stop_below
+        self.ask: int | None = None
+        """Every choice's ``StepChoice.ask``."""
         self.observed: list[tuple[str, StepChoice, int]] = []
         self.ranks: list = []
         self.scores: list[tuple[str, int, int]] = []
@@ -208,8 +210,8 @@ class Recording(FixedPolicy):
     def choose(self, requests: list[RequestView], available: set[str],
                heads: frozenset[str] = frozenset()) -> StepPlan:
         plan = super().choose(requests, available)
-        if self.stop_below:
-            plan = StepPlan([StepChoice(c.drafter, c.k, stop_below=self.stop_below)
+        if self.stop_below or self.ask is not None:
+            plan = StepPlan([StepChoice(c.drafter, c.k, stop_below=self.stop_below, ask=self.ask)
                              if c.drafter else c for c in plan])
         plan.prediction = self.predict
         return plan
@@ -781,21 +783,27 @@ class FirstAsk(Oracle):
     async def propose(self, group, timeout_s: float) -> Proposals:
         out = Proposals(seconds=0.0)
         for r, c in group:
-            out.asks[r.request_id] = HeadAsk(self.name, k=c.k, stored=0)
+            out.asks[r.request_id] = HeadAsk(self.name, k=c.k if c.ask is None else c.ask,
+                                             stored=0)
         return out
 
 
-def test_a_heads_first_step_is_an_outcome_without_a_draft_that_asked() -> None:
+@pytest.mark.parametrize("ask", [None, 0])
+def test_a_heads_first_step_is_an_outcome_without_a_draft_that_asked(ask: int | None) -> None:
     """The step's outcome says the request asked a head (``RequestOutcome.asked``: the loss
-    guard weighs it as speculation's cost) though it verified no draft (no drafter)."""
+    guard weighs it as speculation's cost) though it verified no draft (no drafter); a step
+    that asked for no chain (``StepChoice.ask`` = 0) and had none is a plain one."""
     async def go() -> None:
         policy = Recording("first-ask", 4)
+        if ask is not None:
+            policy.ask = ask
         sched = scheduler(policy, {}, local=(FirstAsk(),))
         r = request("r", max_tokens=3)
         sched.submit(r)
         await sched.step(list(sched.running))
         (o,) = policy.outcomes[0].requests
-        assert o.asked and o.choice.drafter is None and o.verified and o.emitted == 1
+        assert o.asked == (ask is None) and o.choice.drafter is None and o.verified
+        assert o.emitted == 1
         assert tokens(events(r)) == expected(r.prompt, 1)
     asyncio.run(go())
 

@@ -17,14 +17,22 @@ as greedy.
 
 Evidence without a step (``add_evidence``), e.g. a drafter's greedy agreement with the request's
 own output, counts each position as one accepted or rejected draft token.
+
+**Sampling requests** are estimated otherwise: their steps are exchangeable, so S and F count
+every step alike (no discount), and the population rate is a prior worth as many trials as how
+much requests differ says (``dispersion.py``, measured on the released requests; ``prior_trials``
+until enough have been), never spent: a request's estimate is (S + m a0) / (S + F + m), plus
+the predicted evidence (``add_evidence``: a prompt fit's seed, scores), which weighs ``1 - ema``
+less with each step, as before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dispersion import Dispersion
 from .learned_config import ControllerConfig
-from .population import population_entry
+from .population import population_entry, population_name
 
 
 @dataclass
@@ -35,6 +43,10 @@ class _Acc:
     """Discounted rejections."""
     n: int = 0
     """Steps observed."""
+    ps: float = 0.0
+    """A sampling request's: predicted accepted tokens (``add_evidence``), discounted."""
+    pf: float = 0.0
+    """A sampling request's: predicted rejections, discounted."""
 
 
 @dataclass
@@ -49,6 +61,8 @@ class AcceptanceTracker:
     """request id -> drafter -> discounted counts"""
     _sampled: set[str] = field(default_factory=set, repr=False)
     """Requests opened as sampling ones (``begin``)."""
+    dispersion: Dispersion = field(default_factory=Dispersion)
+    """How much sampling requests differ per drafter: their prior's strength (module doc)."""
 
     def set_population(self, rates: dict[str, float]) -> None:
         """Replace the population rates, keyed by ``population_name`` (requests already seen
@@ -76,21 +90,23 @@ class AcceptanceTracker:
         if k <= 0:
             return
         st = self._acc(request_id, drafter)
-        w = self.cfg.ema
-        st.s = (1 - w) * st.s + w * accepted
-        st.f = (1 - w) * st.f + w * (1.0 if accepted < k else 0.0)
+        w = 1.0 if request_id in self._sampled else self.cfg.ema  # (module doc: sampling)
+        keep = 1.0 if request_id in self._sampled else 1 - w
+        st.s = keep * st.s + w * accepted
+        st.f = keep * st.f + w * (1.0 if accepted < k else 0.0)
+        st.ps, st.pf = (1 - self.cfg.ema) * st.ps, (1 - self.cfg.ema) * st.pf
         st.n += 1
 
     def relax(self, request_id: str, drafter: str) -> None:
         """A step in which ``drafter``, the request's choice, drafted nothing (the controller
-        held it at k = 0): its evidence ages toward the population rate as a step of
-        ``prior_trials`` trials at that rate, weighted ``ema`` like a drafted one. A held
-        request gets no evidence, and an estimate from a few noisy steps would hold it at k = 0
-        for good: on sampled tuning prompts, two steps of the demo's EAGLE head accepting 2 and
-        0 of 4 (0.58 from 0.70) held requests plain for their remaining 60 steps, where the
-        head at k = 4 measured 1.26x plain over the same prompts (a router step trace)."""
+        held it at k = 0): a greedy request's evidence ages toward the population rate as a
+        step of ``prior_trials`` trials at that rate, weighted ``ema`` like a drafted one, since
+        a held request gets no evidence and a discounted estimate from a few steps would hold
+        it at k = 0 for good (on sampled tuning prompts, when these were discounted too, two
+        steps of the demo's EAGLE head accepting 2 and 0 of 4 held requests plain for their
+        remaining 60 steps). A sampling request's estimate keeps its prior (module doc)."""
         st = self._state.get(request_id, {}).get(drafter)
-        if st is not None:
+        if st is not None and request_id not in self._sampled:
             a0, p, w = self.prior(drafter, request_id), self.cfg.prior_trials, self.cfg.ema
             st.s = (1 - w) * st.s + w * a0 * p
             st.f = (1 - w) * st.f + w * (1 - a0) * p
@@ -99,8 +115,13 @@ class AcceptanceTracker:
                      keep: float = 1.0) -> None:
         """Count draft tokens known to be accepted or rejected without a step, e.g. a drafter's
         greedy agreement with the request's own output (each position one Bernoulli trial); the
-        evidence so far weighs ``keep`` first."""
+        evidence so far weighs ``keep`` first. A sampling request's is a prediction, not its
+        steps: kept apart, it weighs ``1 - ema`` less with each step (module doc)."""
         st = self._acc(request_id, drafter)
+        if request_id in self._sampled:
+            st.ps = keep * st.ps + max(0.0, accepted)
+            st.pf = keep * st.pf + max(0.0, rejected)
+            return
         st.s = keep * st.s + max(0.0, accepted)
         st.f = keep * st.f + max(0.0, rejected)
 
@@ -108,10 +129,17 @@ class AcceptanceTracker:
         """The request's state for ``drafter``, seeded at the population rate when new."""
         per = self._state.setdefault(request_id, {})
         st = per.get(drafter)
-        if st is None:
-            a0 = self.prior(drafter, request_id)
-            st = per[drafter] = _Acc(a0 * self.cfg.prior_trials, (1 - a0) * self.cfg.prior_trials)
+        if st is None:  # (a sampling request's prior is added in ``get``: module doc)
+            a0, p = self.prior(drafter, request_id), self.cfg.prior_trials
+            p = 0.0 if request_id in self._sampled else p
+            st = per[drafter] = _Acc(a0 * p, (1 - a0) * p)
         return st
+
+    def strength(self, drafter: str) -> float:
+        """Trials the sampled population rate of ``drafter`` is worth in a sampling request's
+        estimate: measured (``dispersion.py``), else ``prior_trials``."""
+        m = self.dispersion.strength(population_name(drafter, greedy=False))
+        return self.cfg.prior_trials if m is None else m
 
     def observations(self, request_id: str, drafter: str) -> int:
         st = self._state.get(request_id, {}).get(drafter)
@@ -120,10 +148,17 @@ class AcceptanceTracker:
     def get(self, request_id: str, drafter: str) -> float:
         """The acceptance estimate of ``request_id`` with ``drafter``."""
         st = self._state.get(request_id, {}).get(drafter)
-        if st is None or st.n < self.cfg.min_observations or st.s + st.f <= 0:
+        if st is None or st.n < self.cfg.min_observations:
             return self.prior(drafter, request_id)
-        return st.s / (st.s + st.f)
+        if request_id in self._sampled:
+            m, a0 = self.strength(drafter), self.prior(drafter, request_id)
+            s, n = st.s + st.ps + m * a0, st.s + st.f + st.ps + st.pf + m
+            return s / n if n > 0 else a0
+        return st.s / (st.s + st.f) if st.s + st.f > 0 else self.prior(drafter, request_id)
 
     def release(self, request_id: str) -> None:
-        self._state.pop(request_id, None)
+        """The request ended: a sampling one's steps of each drafter join its dispersion."""
+        for drafter, st in self._state.pop(request_id, {}).items():
+            if request_id in self._sampled and st.n:
+                self.dispersion.record(population_name(drafter, greedy=False), st.s, st.f)
         self._sampled.discard(request_id)

@@ -26,6 +26,10 @@ class StepChoice:
     """A model drafter's chain stops early once its probability (the product of its tokens'
     draft probabilities) falls below this, so ``k`` is at most the chain's length; 0 = always
     ``k``. ``Policy.observe`` gets the length drafted."""
+    ask: int | None = None
+    """A draft head: tokens it drafts right after this step's verdict, for the request's next
+    step (None: ``k``). 0: the step verifies the chain the head drafted for it (``k`` of its
+    tokens) and asks for none."""
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,11 @@ Per step, for the running batch:
 1. each request in mode auto gets a drafter from its bandit (``selector.py``), warm-started from
    the population statistics (Redis), refreshed in the background every ``refresh_s``;
 2. the speculation-length controller (``goodput.py``) picks every request's k in 0..k_max to
-   maximise the batch's predicted goodput under the fitted cost model, and k = 0 for all unless
-   speculation wins by the margin (SmartSpec's 10%), so speculation never makes a step worse by the
-   model's account;
+   maximise the batch's predicted goodput under the fitted cost model, k = 0 for all unless
+   speculation wins by the margin (SmartSpec's 10%);
 3. after verification (one ``outcome.StepOutcome`` per step, ``observe``), the step's goodput
-   (tokens over the step's draft + verify wall time, round trips included, plus the switching
-   cost when the drafter changed) rewards the bandit, and the accepted count updates the
-   request's acceptance estimate.
+   (tokens over its draft + verify wall time, round trips and a drafter switch's cost included)
+   rewards the bandit, and the accepted count updates the request's acceptance estimate.
 
 A step in which the bandit's drafter did not speculate (k = 0) rewards it with the one token
 such a step yields; such a request first tries its next-best drafter through the controller
@@ -18,11 +16,10 @@ once more. A model-free drafter is no candidate where it finds no match (``base.
 
 **Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix
 decoding: ``engine/model_free.py``) draft, and every model drafter scores the prompt during the
-verification (the target's prefill of it): the agreement ranks the drafters (``prompt_fit.py``),
-so from then on the request's bandit chooses between the best-fitting drafter, seeded from what
-it achieved on earlier requests it fitted, the heads and the model-free ones. Every prior is on
-the scale of the population's measured goodput (``_prior_from_rate``). The first step earns no
-bandit reward: its time is the target's prefill.
+target's prefill of it: the agreement ranks the drafters (``prompt_fit.py``), so from then on
+the request's bandit chooses between the best-fitting drafter, seeded from what it achieved on
+earlier requests it fitted, the heads and the model-free ones. Every prior is on the scale of
+the population's measured goodput (``_prior_from_rate``). The first step earns no bandit reward.
 
 **Measured, not only predicted.** Per kind of step (batch size, greedy or sampled), the guard
 runs plain steps where speculating ones measure fewer tokens a second (``loss_guard.py``).
@@ -30,16 +27,15 @@ runs plain steps where speculating ones measure fewer tokens a second (``loss_gu
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them, seeding its acceptance estimate and bandit prior (``scoring_rounds.py``).
 
-**Calibration.** The cost model is fitted on bare forwards; in serving a step also pays round
-trips, the services' and the router's work and contention, so each part's prediction is
-corrected by a factor learnt on the steps that show it (``calibration.py``).
+**Calibration.** Each part's predicted time (bare forwards) is corrected by a factor learnt on
+the served steps that show it: round trips, the services' work, contention (``calibration.py``).
 A step whose scoring calls ran beside the verification, or that prefilled a prompt, calibrates
 its drafters only; what scoring calls add to a step is fitted apart (``scoring_cost.py``).
 
-**Early-stopping chains.** A model drafter's chain stops once its probability falls below
-``stop_below``, so k is the longest chain the step may draft (``chain_length.py``). A request
-held at k = 0 has its acceptance estimate age toward the population's (``relax``), and after
-``probe_every`` such steps in a row one k = 1 step with its drafter, unless that is a head."""
+**Chains.** A model drafter's chain stops once its probability falls below ``stop_below``, so k
+is the longest chain the step may draft (``chain_length.py``). A request held at k = 0 (its
+estimate aging: ``relax``) probes with k = 1 after ``probe_every`` such steps; a head's chain
+drafted for it is verified at k = 0 where that pays (``head_chains.py``)."""
 
 from __future__ import annotations
 
@@ -51,6 +47,7 @@ from .base import (MODEL_FREE, PROMPT_LOOKUP, RequestView, StepChoice, StepPlan,
                    StepPrediction, unmatched)
 from .chain_length import ChainLength
 from .goodput import SpecLengthController, expected_tokens
+from .head_chains import HeadChains
 from .learned_config import LearnedPolicyConfig, learned_config
 from .loss_guard import LossGuard, StepKind, step_kind
 from .outcome import RequestOutcome, Score, StepOutcome
@@ -69,20 +66,18 @@ Batch = list[tuple[str, str | None, int]]  # (request id, drafter, context lengt
 
 
 class LearnedPolicy:
-    """``policy.base.Policy``: one ``RequestState`` per request (``request_state.py``);
-    ``choose`` runs in phases: drafters, their k, who scores a request, the prediction."""
+    """``policy.base.Policy`` (module doc); ``choose`` runs in phases: drafters, k, scorers."""
 
     def __init__(self, cfg: LearnedPolicyConfig | None = None, cost: CostModel | None = None,
                  population: Callable[[], dict] | None = None) -> None:
         self.cfg = cfg or LearnedPolicyConfig()
         self.selector = DraftSelector(self.cfg.selector)
         self.controller = SpecLengthController(cost, self.cfg.controller)
-        self._requests: dict[str, RequestState] = {}
-        """request id -> what the policy keeps about it (``request_state.py``)"""
-        self.fit = PromptFit(margin=self.cfg.fit_margin, rank_margin=self.cfg.fit_rank_margin,
-                             deficit_weight=self.cfg.fit_deficit_weight,
-                             value=self._fit_value, prune_after=self.cfg.fit_prune_after,
-                             explore_every=self.cfg.fit_explore_every)
+        self._requests: dict[str, RequestState] = {}  # (``request_state.py``)
+        c = self.cfg
+        self.fit = PromptFit(margin=c.fit_margin, rank_margin=c.fit_rank_margin,
+                             deficit_weight=c.fit_deficit_weight, value=self._fit_value,
+                             prune_after=c.fit_prune_after, explore_every=c.fit_explore_every)
         """Prompt agreement per request, and how best-fitting drafters did (``prompt_fit.py``)."""
         self.scoring_cost = ScoringCost()
         """What scoring calls add to a step (``scoring_cost.py``), in the plan's prediction."""
@@ -99,6 +94,8 @@ class LearnedPolicy:
         """The population statistics, re-read in the background (``population.py``)."""
         self.heads: frozenset[str] = frozenset()
         """The drafters that draft inside the verifier, as the last ``choose`` had them."""
+        self.head_chains = HeadChains()
+        """Heads' chains drafted for a request's coming step, verified at k = 0 too."""
 
     def _set_population(self, stats: Mapping[str, StepStats]) -> None:
         """New population statistics: the bandit priors and acceptance seeds."""
@@ -118,8 +115,8 @@ class LearnedPolicy:
         return state
 
     def _begin(self, r: RequestView) -> RequestState:
-        """``_state`` of a request in a step; at first sight the bandit and the acceptance
-        estimates are opened with the population of its decoding (greedy or sampling)."""
+        """``_state`` of a request in a step; at first sight its bandit and estimates are
+        opened with its decoding's population (greedy or sampling)."""
         if r.request_id not in self._requests:
             self.selector.begin(r.request_id, r.greedy)
             self.controller.tracker.begin(r.request_id, r.greedy)
@@ -143,9 +140,13 @@ class LearnedPolicy:
         prefill = sum(max(0, r.context_len - 1 - r.cached) for r in requests if not r.generated)
         ks = self._ks(requests, states, drafters, batch, cands, policy_k, prefill)
         shapes = self._shapes(requests, drafters, ks, batch, policy_k, prefill)
+        asks = self.head_chains.verify_held(requests, drafters, ks, available, self.controller,
+                                            prefill)  # 0: verify a held chain, draft none
+        batch = [(b[0], None, b[2]) if a == 0 else b for a, b in zip(asks, batch)]  # priced so
         pay = self.scoring.saving(self.guard, self.controller, kind, batch, ks, prefill)
         out = []
-        for r, s, d, k, shape, chosen_k in zip(requests, states, drafters, ks, shapes, policy_k):
+        for r, s, d, k, shape, chosen_k, ask in zip(requests, states, drafters, ks, shapes,
+                                                    policy_k, asks):
             score = (() if self.guard.probing else  # a probe measures speculation alone
                      self.scoring.scorers(r, s, d, cands.get(r.request_id, set()) - heads,
                                           available - heads))
@@ -155,8 +156,9 @@ class LearnedPolicy:
                 s.prefill = True
             stop = (self.cfg.stop_below if (chosen_k or r.early_stop) and d not in MODEL_FREE
                     and not shape else 0.0)
-            out.append(StepChoice(d, k, shape, score=score, stop_below=stop)
+            out.append(StepChoice(d, k, shape, score=score, stop_below=stop, ask=ask)
                        if d is not None and k > 0 else StepChoice(None, score=score))
+        self.head_chains.planned(requests, out, heads)
         predicted = [k or p for k, p in zip(policy_k, plain)]  # a guard's k = 0 is predicted
         return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill))
 
@@ -218,8 +220,8 @@ class LearnedPolicy:
         for r, s, d, k in zip(requests, states, drafters, ks):
             if r.mode == "drafter" and r.k:
                 k = r.k
-            elif d is not None and not k and s.idle >= self.cfg.probe_every and d not in self.heads:
-                k = 1  # (a head's k = 1 drafts a chain the next step, at k = 0, never verifies)
+            elif d is not None and not k and s.idle >= self.cfg.probe_every:
+                k = 1  # (a head's chain is verified the next step: ``head_chains.py``)
             k = min(k, r.remaining - 1)
             s.idle = 0 if k > 0 else s.idle + 1
             out.append(k)
@@ -228,9 +230,8 @@ class LearnedPolicy:
     def _fallback(self, requests: list[RequestView], states: list[RequestState],
                   drafters: list[str | None], batch: Batch, ks: list[int],
                   cands: dict[str, set[str]], prefill: int) -> list[int]:
-        """Requests whose bandit drafter got k = 0 try their next-best drafter (by posterior mean)
-        once more through the controller; a drafter that would not draft is no use this step. Not
-        before a request's prompt fit or scores: its next-best would be a guess."""
+        """Requests whose bandit drafter got k = 0 try their next-best one (posterior mean)
+        through the controller, once their prompt fit or scores make it no guess."""
         swapped = list(drafters)
         for i, (r, s) in enumerate(zip(requests, states)):
             known = s.scored or s.fitted or not self.cfg.score_after
@@ -261,9 +262,8 @@ class LearnedPolicy:
     def _prediction(self, requests: list[RequestView], states: list[RequestState],
                     out: list[StepChoice], batch: Batch, policy_k: list[bool],
                     prefill: int) -> StepPrediction | None:
-        """The cost model's account of the step chosen (None without a cost model, or when no
-        request's k is the controller's), with the early-stopping chains' expected lengths and
-        what the scoring calls add."""
+        """The cost model's account of the step chosen (None without one, or when no k is the
+        controller's), with the chains' expected lengths and what the scoring calls add."""
         for r, c in zip(requests, out):
             self.chains.chosen(r.request_id, c)
         work = self.scoring.work(requests, states, out)
@@ -287,6 +287,7 @@ class LearnedPolicy:
         released meanwhile (failed, cancelled) is left out: its state is gone for good."""
         known = [r for r in outcome.requests if r.request_id in self._requests]
         for r in known:
+            self.head_chains.verified(r.request_id, r.verified)
             for score in r.scores:
                 self._observe_score(r.request_id, score)
         for r in known:
@@ -378,10 +379,9 @@ class LearnedPolicy:
 
     def _calibrate(self, prediction: StepPrediction, draft_s: Mapping[str, float],
                    rest_s: float) -> None:
-        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); the
-        verification is left out when drafters scored requests meanwhile (it shared the machine
-        with work the model does not count): that step fits what scoring adds
-        (``scoring_cost.py``) instead."""
+        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``), but
+        not its verification when drafters scored meanwhile (work the model does not count):
+        that step fits what scoring adds (``scoring_cost.py``) instead."""
         self.controller.calibrate(prediction, draft_s, rest_s, verification=not (
             prediction.scoring_work[0] or prediction.prefill_tokens))
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification
@@ -396,5 +396,5 @@ class LearnedPolicy:
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         for part in (self.guard, self.fit, self.selector, self.controller, self.chains,
-                     self.runner_ups):
+                     self.runner_ups, self.head_chains):
             part.release(request_id)

@@ -1,43 +1,41 @@
 """Speculation never slower than off, by measurement: the policy's plan against plain steps.
 
-The controller (``goodput.py``) predicts each step's goodput from a cost model and acceptance
-estimates. Both can be wrong where it matters most: under load on a busy machine, the verifier's
-forward over ``B * (k + 1)`` tokens costs more than the start-up measurements say, and a sampling
-request's drafts are accepted less than its scores suggest. So the learned policy also *measures*
-what speculation delivers. For each kind of step (``StepKind``: the micro-batch's size, rounded
-to a power of two, and whether its requests are greedy, sampled or mixed) the guard keeps the
-tokens and seconds of the steps that speculated and of those that did not, discounted so that
-they follow the load, and compares the two rates, tokens per second of step (the throughput that
-a mean latency is the inverse of).
+The controller's (``goodput.py``) cost model and acceptance estimates can be wrong where it
+matters most (a verifier's forward under load, a sampling request's drafts), so the learned
+policy also *measures* what speculation delivers. For each kind of step (``StepKind``: the
+micro-batch's size, rounded to a power of two, and whether its requests are greedy, sampled or
+mixed) the guard keeps the tokens and seconds of the steps that speculated and of those that did
+not, discounted to follow the load, and compares the two rates, tokens per second of step.
 
 While speculation measures at least the rate of plain steps, the policy's plan runs; once it
 measures less, that kind of step runs without speculation (k = 0 for every request in mode auto).
-The side not in use is probed with one step now and then, so a decision follows the traffic:
-first after ``probe_min`` steps, then, after each probe that confirmed the decision, at twice the
-interval or at what keeps the probes' cost within ``probe_budget`` of the time, whichever is
-longer, up to ``probe_max``; from ``probe_min`` again after any change of it. A probe of
-speculation runs without the policy's scoring calls (on a 2-core CPU a probe at batch 32 with
-the scoring rounds that plain steps had put off took 2.2 s against 0.1 s for a plain step) and
-draft heads allowed. A head drafts the chain its request's *next* step verifies, so a request's
-first step with it verifies nothing; after a step the guard ran plain (a probe of plain steps, or
-plain by decision) such a step is the guard's transition, not speculation's cost: it is weighed
-on neither side, and in a probe of speculation the probe goes on for one more step, which
-verifies the chain. Before 2026-11-28 probes left heads out, so a kind of step once decided
-plain never saw a head again (the warmed learned policy ran 564 of 572 sampled single-stream
-steps plain on tuning prompts where the demo's EAGLE head at k = 4 measured 1.26x plain). A
-head's first step after a speculating one is weighed on speculation's side.
+The side not in use is probed with one step now and then, so a decision follows the traffic: first
+after ``probe_min`` steps, then, after each probe that confirmed the decision, at twice the interval
+or at what keeps the probes' cost within ``probe_budget`` of the time, whichever is longer, up to
+``probe_max``; from ``probe_min`` again after any change of it. A probe of speculation runs without
+the policy's scoring calls (on a 2-core CPU a probe at batch 32 with the scoring that plain steps
+had put off took 2.2 s, a plain step 0.1 s), heads allowed. A head drafts the chain its request's
+*next* step verifies, so a request's first step with it verifies nothing; after a step the guard ran
+plain (a probe of plain steps, or plain by decision) such a step is the guard's transition, not
+speculation's cost: it is weighed on neither side, and in a probe of speculation the probe goes on
+for one more step, which verifies the chain (before 2026-11-28 probes left heads out: 564 of 572
+sampled single-stream steps ran plain where the head at k = 4 measured 1.26x plain). A head's first
+step after a speculating one is weighed on speculation's side.
 
 **One request.** A step of one request alone is decided by that request's own record: its own
-speculating steps against its kind's plain ones (one plain side for all: a lone decoding step
-costs the same whoever's it is), since whether speculation pays one request alone is that
-request's matter (before 2026-11-28 one request on which the head accepted 0 or 1 token a step
-decided plain steps for all 8 after it). Its speculating side starts from its kind's, as a
+speculating steps against its kind's plain ones (a lone decoding step costs the same whoever's
+it is), since whether speculation pays one request alone is its own matter (before 2026-11-28
+one request on which the head accepted 0-1 token a step decided plain steps for the 8 after it).
+Its speculating side is the drafter's it uses now, each drafter's starting from its kind's as a
 prior worth ``min_steps`` steps (``_Side.prior``): a sampled step gives 1 to k + 1 tokens, and
-a request's first few alike (two steps of 0 accepted: 9% at acceptance 0.7) had a standard
-error of about 0: on tuning prompts requests went plain for good after 3-4 steps with the head,
-which at k = 4 measured 1.26x plain over the same prompts (the router's step trace). A request
-alone starts speculating (``cold_batch``), probing plain steps at its kind's interval
-(``probe_min`` until its kind's plain side has ``min_steps`` steps).
+a request's first few alike had a standard error of about 0 (requests went plain for good after
+3-4 steps with the head, which at k = 4 measured 1.26x plain on those tuning prompts), while the
+bandit's exploring a drafter that loses is no evidence against the one it keeps (five sampled
+requests whose first 4-6 steps tried model drafters accepting 0-1 token ran plain for their ~50
+other steps, where the head at k = 4 measured 1.1-2.1x plain on those prompts). A request alone
+starts speculating (``cold_batch``), probing plain steps at its kind's interval (``probe_min``
+until its kind's plain side has ``min_steps`` steps); plain by one drafter's record, a probe with
+a drafter it has not measured that often starts speculating again, as a new request does.
 
 A new kind of step starts from the decision of the nearest batch size of its decoding, as
 large or larger, that both sides have measured, and probes the other side at ``probe_min`` until
@@ -45,14 +43,12 @@ both have ``min_steps`` steps. Without such a batch size it starts plain, but fo
 request (``cold_batch``): speculation's marginal cost grows with the batch (the verifier scores
 ``B * (k + 1)`` tokens, every drafter catches up with every context), so a smaller batch's win
 is no evidence for a larger one, while one request is where speculation is made to win and a
-probe is cheapest. Before 2026-11-27 a new kind borrowed smaller batches' decisions too: on
-``spin bench grid --split tuning --temperatures 0 --concurrency 32,64`` the first 31 prompts
-arriving at batch 32 then ran speculating where speculating steps measured 0.68x plain ones.
+probe is cheapest (borrowing smaller batches' decisions, the first 31 prompts arriving at batch
+32 ran speculating at 0.68x plain: ``spin bench grid --split tuning --concurrency 32,64``).
 Steps in which a request prefills its prompt are not counted (their time is the prompt's) and
 probe nothing, but the decision holds there for every request, the prefilling ones too: a plain
 step scores no prompt (scoring 31 prompts of 270 tokens with four drafters beside their prefill
-made that step 1.6x longer on a 2-core CPU), and a request that meets speculation later chooses
-among all drafters by their population statistics. Where speculation is decided, the scoring
+made that step 1.6x longer on a 2-core CPU). Where speculation is decided, the scoring
 calls of such a step (its prompts scored beside their prefill) are speculation's cost: the
 seconds the step took beyond its predicted verification are added to its kind's speculating
 side, without tokens (before 2026-11-27 they were left out, and on ``spin bench grid --split
@@ -61,10 +57,8 @@ Tried and worse (one ``spin bench grid`` run each): counting those steps, median
 rates (a drafter's gains are heavy-tailed), windows of the last 16 steps.
 
 A decision changes only where the other side measures better by more than the standard error
-of the two rates' difference (each a ratio of discounted sums: the delta method).
-
-No threshold is set by hand: the rule compares two measured rates and their measured noise.
-"""
+of the two rates' difference (each a ratio of discounted sums: the delta method): no threshold
+is set by hand."""
 
 from __future__ import annotations
 
@@ -190,6 +184,8 @@ class _Kind:
     """Steps between probes now."""
     since_probe: int = 0
     """Steps since the last probe."""
+    drafter: str | None = None  # a request alone's: the drafter of ``spec`` (module doc)
+    others: dict[str, _Side] = field(default_factory=dict)  # and its other drafters' sides
 
     def decided(self, min_steps: int) -> bool:
         """Both sides measured enough for the comparison."""
@@ -268,7 +264,8 @@ class LossGuard:
         elif all(r.verified for r in outcome.requests):
             speculated = any(r.choice.drafter or r.asked for r in outcome.requests)
             self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
-                         outcome.step_s, tuple(r.request_id for r in outcome.requests))
+                         outcome.step_s, tuple(r.request_id for r in outcome.requests),
+                         outcome.requests[0].choice.drafter)
             plain_s = outcome.prediction.plain_s if outcome.prediction is not None else 0.0
             if speculated and plain_s > 0:  # (NaN: no prediction of it)
                 self._kind(kind).plain_pred.add(len(outcome.requests), plain_s, self.cfg.decay)
@@ -338,16 +335,20 @@ class LossGuard:
         return not k.speculate
 
     def observe(self, kind: StepKind, speculated: bool, tokens: int, seconds: float,
-                ids: tuple[str, ...] = ()) -> None:
-        """A step of this kind (of the requests ``ids``) ran, speculating or not, and gave
-        ``tokens`` in ``seconds``: on its kind's sides, and a request alone's own
-        (``_record``), whose decision it updates."""
+                ids: tuple[str, ...] = (), drafter: str | None = None) -> None:
+        """A step of this kind (of the requests ``ids``; a request alone's ``drafter``) gave
+        ``tokens`` in ``seconds``: on its kind's sides and a request alone's (``_record``)."""
         if seconds <= 0:
             return
         kind_rec = self._kind(kind)
         (kind_rec.spec if speculated else kind_rec.off).add(tokens, seconds, self.cfg.decay)
         k = self._record(kind, ids) if ids else kind_rec
         if speculated and k is not kind_rec:
+            if drafter is not None and drafter != k.drafter and k.drafter:  # its own side
+                k.others[k.drafter] = k.spec
+                k.spec = k.others.pop(drafter, None) or kind_rec.spec.prior(self.cfg.min_steps)
+                k.speculate = k.speculate or k.spec.steps < self.cfg.min_steps  # a new one's
+            k.drafter = drafter or k.drafter  # chance, as a new request's (``cold_batch``)
             k.spec.add(tokens, seconds, self.cfg.decay)
         if not self.cfg.enabled or not k.decided(self.cfg.min_steps):
             return
@@ -394,7 +395,6 @@ class LossGuard:
         return 1.0 / side.rate - 1.0 / k.spec.rate
 
     def rates(self) -> dict[StepKind, tuple[float, float, bool]]:
-        """Per kind of step: (tokens/s speculating, tokens/s plain, the decision), for metrics
-        and reports."""
+        """Per kind of step: (tokens/s speculating, tokens/s plain, the decision): metrics."""
         return {kind: (k.spec.rate, k.off.rate, k.speculate)
                 for kind, k in sorted(self._kinds.items())}

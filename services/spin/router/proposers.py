@@ -311,7 +311,8 @@ class DraftHead(Proposer):
             n = min(c.k, len(chain)) if at == r.context_len else 0
             if n:
                 out.trees[r.request_id] = TokenTree.chain(chain[:n])
-            out.asks[r.request_id] = HeadAsk(self.name, k=c.k, stored=n)
+            out.asks[r.request_id] = HeadAsk(self.name, k=c.k if c.ask is None else c.ask,
+                                             stored=n)
             self._asked[r.request_id] = r.context_len
         return out
 

@@ -226,7 +226,8 @@ class Scheduler:
                            {n: head_s.get(n, p.seconds) for n, p in drafts.items()},
                            reply.verify_seconds - sum(head_s.values()) if reply is not None
                            else 0.0, called)
-        self._apply(reqs, plan, reply, trees, set(asks), scores, step, t0)
+        self._apply(reqs, plan, reply, trees, {rid for rid, a in asks.items() if a.k > 0},
+                    scores, step, t0)
         if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
 

@@ -662,10 +662,15 @@ def test_a_heads_chain_is_verified_when_the_controller_stops_drafting(monkeypatc
         observe(policy, "p", c, 0, 0.0, 0.012)
         (c,) = policy.choose([_generated("p", 40)], {"eagle"}, heads)
         assert c.drafter is None  # nothing held any more
-        policy.head_chains.verified("q", False)
-        policy.head_chains.planned([_generated("q", 1)], [StepChoice("eagle", 3)], heads)
-        policy.head_chains.verified("q", False)  # preempted, failed: no chain held
-        assert policy.head_chains.held("q") is None
+        chains = policy.head_chains
+        chains.planned([_generated("q", 1)], [StepChoice("eagle", 3)], heads)
+        chains.verified("q", False)  # preempted, failed: no chain held
+        assert chains.verify_held([_generated("q", 2)], [None], [0], {"eagle"},
+                                  policy.controller) == [None]
+        chains.planned([_generated("q", 2)], [StepChoice("eagle", 3)], heads)
+        chains.verified("q", True)  # (the same step verified: held)
+        assert chains.verify_held([_generated("q", 3)], [None], [0], {"eagle"},
+                                  policy.controller) == [0]
     finally:
         policy.close()
 

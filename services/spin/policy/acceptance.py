@@ -38,9 +38,9 @@ from .population import population_entry, population_name
 @dataclass
 class _Acc:
     s: float
-    """Discounted accepted tokens."""
+    """Accepted tokens (discounted for a greedy request)."""
     f: float
-    """Discounted rejections."""
+    """Rejections (discounted for a greedy request)."""
     n: int = 0
     """Steps observed."""
     ps: float = 0.0
@@ -90,10 +90,13 @@ class AcceptanceTracker:
         if k <= 0:
             return
         st = self._acc(request_id, drafter)
-        w = 1.0 if request_id in self._sampled else self.cfg.ema  # (module doc: sampling)
-        keep = 1.0 if request_id in self._sampled else 1 - w
-        st.s = keep * st.s + w * accepted
-        st.f = keep * st.f + w * (1.0 if accepted < k else 0.0)
+        rejected = 1.0 if accepted < k else 0.0
+        if request_id in self._sampled:  # exchangeable steps (module doc): all count alike
+            st.s, st.f = st.s + accepted, st.f + rejected
+        else:
+            w = self.cfg.ema
+            st.s = (1 - w) * st.s + w * accepted
+            st.f = (1 - w) * st.f + w * rejected
         st.ps, st.pf = (1 - self.cfg.ema) * st.ps, (1 - self.cfg.ema) * st.pf
         st.n += 1
 

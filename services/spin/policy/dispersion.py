@@ -41,24 +41,32 @@ class Dispersion:
 
     _records: dict[str, deque[tuple[float, float]]] = field(default_factory=dict, repr=False)
     """entry -> (accepted tokens, rejections) of each of the last ``WINDOW`` requests"""
+    _strength: dict[str, float] = field(default_factory=dict, repr=False)
+    """entry -> its strength, computed when a request is recorded (read on every step)"""
 
     def record(self, entry: str, accepted: float, rejected: float) -> None:
         """A released request's own evidence of the entry's drafter (at least one rejection and
         one accepted token make a rate worth comparing; fewer trials carry no spread)."""
-        if accepted + rejected >= 2:
-            self._records.setdefault(entry, deque(maxlen=WINDOW)).append((accepted, rejected))
+        if accepted + rejected < 2:
+            return
+        recs = self._records.setdefault(entry, deque(maxlen=WINDOW))
+        recs.append((accepted, rejected))
+        if len(recs) >= MIN_REQUESTS:
+            self._strength[entry] = _strength(recs)
 
     def strength(self, entry: str) -> float | None:
         """Trials the population rate is worth in a request's estimate; None before
         ``MIN_REQUESTS`` requests (module doc)."""
-        recs = self._records.get(entry)
-        if recs is None or len(recs) < MIN_REQUESTS:
-            return None
-        rates = [s / (s + f) for s, f in recs]
-        mean = sum(rates) / len(rates)
-        spread = sum((r - mean) ** 2 for r in rates) / len(rates)
-        noise = sum(r * (1 - r) / (s + f) for r, (s, f) in zip(rates, recs)) / len(rates)
-        between = spread - noise
-        if between <= 0:
-            return MAX_STRENGTH
-        return min(MAX_STRENGTH, max(0.0, mean * (1 - mean) / between - 1))
+        return self._strength.get(entry)
+
+
+def _strength(recs: deque[tuple[float, float]]) -> float:
+    """The method of moments' ``m`` over these requests' counts (module doc)."""
+    rates = [s / (s + f) for s, f in recs]
+    mean = sum(rates) / len(rates)
+    spread = sum((r - mean) ** 2 for r in rates) / len(rates)
+    noise = sum(r * (1 - r) / (s + f) for r, (s, f) in zip(rates, recs)) / len(rates)
+    between = spread - noise
+    if between <= 0:
+        return MAX_STRENGTH
+    return min(MAX_STRENGTH, max(0.0, mean * (1 - mean) / between - 1))

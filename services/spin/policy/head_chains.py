@@ -56,10 +56,6 @@ class HeadChains:
         if ok and ask is not None:
             self._held[request_id] = ask
 
-    def held(self, request_id: str) -> tuple[str, int] | None:
-        """(head, tokens) of the chain drafted for the request's coming step, if any."""
-        return self._held.get(request_id)
-
     def verify_held(self, requests: Sequence[RequestView], drafters: list[str | None],
                     ks: list[int], available: set[str], controller: SpecLengthController,
                     prefill: int = 0) -> list[int | None]:

@@ -109,14 +109,12 @@ class LearnedPolicy:
 
     def _state(self, request_id: str) -> RequestState:
         """The request's state, created at first sight."""
-        state = self._requests.get(request_id)
-        if state is None:
-            state = self._requests[request_id] = RequestState()
-        return state
+        if request_id not in self._requests:
+            self._requests[request_id] = RequestState()
+        return self._requests[request_id]
 
     def _begin(self, r: RequestView) -> RequestState:
-        """``_state`` of a request in a step; at first sight its bandit and estimates are
-        opened with its decoding's population (greedy or sampling)."""
+        """``_state`` of a request in a step, its bandit and estimates opened at first sight."""
         if r.request_id not in self._requests:
             self.selector.begin(r.request_id, r.greedy)
             self.controller.tracker.begin(r.request_id, r.greedy)
@@ -276,8 +274,10 @@ class LearnedPolicy:
         extra = self.scoring_cost.predict(*work)
         plain = (verify if not any(ks) and not any(c.branching for c in out)  # a plain plan
                  else self.controller.predicted_parts(batch, [0] * len(batch), prefill)[1])
+        expected = self.controller.expected(  # (a held chain's head: priced without drafting)
+            [(rid, c.drafter, n) for (rid, _, n), c in zip(batch, out)], ks)
         return StepPrediction(self.controller.step_s(drafts, verify + extra), drafts, verify,
-                              work, extra, plain, prefill, self.controller.expected(batch, ks))
+                              work, extra, plain, prefill, expected)
 
     # ---- what happened ---------------------------------------------------------------------------
 

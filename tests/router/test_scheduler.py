@@ -118,7 +118,8 @@ class FakeVerifier(FakeService):
                    ) -> verifier_pb2.VerifyResponse:
         tasks = [VerifyTask(t.request_id, t.keep, list(t.context_delta),
                             tree_from_wire(t.tree) if t.HasField("tree") else None,
-                            sampling_from_proto(t.sampling)) for t in batch.tasks]
+                            sampling_from_proto(t.sampling), steps=max(1, t.steps),
+                            stop_ids=tuple(t.stop_token_ids)) for t in batch.tasks]
         await self._call(tasks, set(batch.release))
         results = []
         for t in tasks:
@@ -131,6 +132,8 @@ class FakeVerifier(FakeService):
                                                          preempted=True))
             else:
                 tokens = self._walk(t.tree, ctx[-1])
+                while len(tokens) < t.steps and tokens[-1] not in t.stop_ids:  # plain steps
+                    tokens += self._walk(None, tokens[-1])
                 ctx.extend(tokens)
                 results.append(verifier_pb2.VerifyResult(
                     request_id=t.request_id, tokens=tokens, num_accepted=len(tokens) - 1,
@@ -309,7 +312,7 @@ def sample(name: str, **labels: str) -> float:
 @pytest.mark.parametrize("right, k", [(0, 4), (2, 4), (10, 4), (3, 1), (5, 8)])
 def test_speculation_is_lossless(right: int, k: int) -> None:
     async def go() -> None:
-        sched = scheduler(Recording("fake", k), {"fake": FakeDrafter(right)})
+        sched = scheduler(Recording("fake", k), {"fake": FakeDrafter(right)}, plain_steps=1)
         spec = [request(f"s{i}", (i, 2 * i, 3 * i), max_tokens=17 + i) for i in range(3)]
         off = [request(f"o{i}", (i, 2 * i, 3 * i), max_tokens=17 + i, mode="off")
                for i in range(3)]
@@ -842,4 +845,58 @@ def test_each_step_reaches_the_policy_as_one_outcome_of_the_whole_micro_batch() 
         assert step.prediction == prediction and step.draft_s == {"fake": 0.002}
         assert step.verify_s == 0.001 and step.step_s >= step.draft_wait_s + step.verify_wait_s
         assert step.drafters_called == {"fake": True}
+    asyncio.run(go())
+
+
+def test_requests_with_speculation_off_take_several_plain_steps_a_call() -> None:
+    """A lane whose requests all have speculation off asks the verifier for ``plain_steps``
+    tokens a call (a request's first step alone, its last cut to what it may still generate, a
+    stop token ending it): the same tokens, fewer round trips, each forward counted as a step,
+    and no calibration on such a call; a lane with a request in mode auto (speculating or not)
+    or with requests waiting for admission asks for one."""
+    async def go() -> None:
+        verifier, policy = FakeVerifier(), Recording("fake", 4, StepPrediction(0.01, {}, 0.01))
+        sched = scheduler(policy, verifier=verifier, plain_steps=4)
+        before = sample("spin:spec_decode_steps_total", draft_model="")
+        off = request("o", (5, 6, 7), max_tokens=10, mode="off")
+        sched.submit(off)
+        await steps(sched)
+        got = events(off)
+        assert tokens(got) == expected(off.prompt, 10) and got[-1].finish == "length"
+        assert [len(c.token_ids) for c in got] == [1, 4, 4, 1]
+        assert [t.steps for t in verifier.tasks()] == [1, 4, 4, 1]
+        assert got[-1].speculation.steps == off.tally.steps == 10
+        assert sample("spin:spec_decode_steps_total", draft_model="") - before == 10
+        assert len(policy.steps) == 2  # calibrated on the calls of one forward only
+        stop = FakeVerifier()
+        sched = scheduler(Recording("fake", 4), verifier=stop, plain_steps=4)
+        sched.stream.eos_id = 9
+        sched.submit(ended := request("e", (5, 6, 7), max_tokens=10, mode="off"))
+        await steps(sched)
+        assert tokens(events(ended)) == [8, 9] and [t.stop_ids for t in stop.tasks()] == [(9,)] * 2
+        mixed = FakeVerifier()
+        sched = scheduler(Recording("fake", 4), verifier=mixed, plain_steps=4, max_batch=2)
+        reqs = [request("a", mode="off"), request("b"), request("c", mode="off")]
+        for r in reqs:
+            sched.submit(r)
+        await steps(sched)
+        for r in reqs:
+            assert tokens(events(r)) == expected(r.prompt, 20)
+        with_b = [any(t.request_id == "b" for t in tasks) for tasks, _ in mixed.calls]
+        asked = [{t.steps for t in tasks} for tasks, _ in mixed.calls]
+        assert all(a == {1} for a, b in zip(asked, with_b) if b)  # b speculates; c waits
+        assert {4} in asked  # a and c alone, once b has ended and nothing waits
+        auto = FakeVerifier()  # the policy drafting nothing for a request it may speculate for
+        sched = scheduler(Recording(None, 0), verifier=auto, plain_steps=4)
+        sched.submit(r := request("p", max_tokens=6))
+        await steps(sched)
+        assert tokens(events(r)) == expected(r.prompt, 6) and {t.steps for t in auto.tasks()} == {1}
+        queue = FakeVerifier()  # one slot: y waits while x decodes
+        sched = scheduler(Recording(), verifier=queue, plain_steps=4, max_batch=1)
+        for r in (x := request("x", mode="off"), y := request("y", mode="off")):
+            sched.submit(r)
+        await steps(sched)
+        assert tokens(events(x)) == tokens(events(y)) == expected(x.prompt, 20)
+        by = {rid: {t.steps for t in queue.tasks() if t.request_id == rid} for rid in "xy"}
+        assert by == {"x": {1}, "y": {1, 4, 3}}  # y: 1 + 4 x 4 + the last 3
     asyncio.run(go())

@@ -142,3 +142,31 @@ def test_a_pending_batch_nobody_reads_still_finishes() -> None:
 
     asyncio.run(main())
     assert finished.wait(5) and calls == [1]
+
+
+def test_a_batch_done_when_its_run_returns_takes_one_hand_off_to_the_worker() -> None:
+    """On the CPU a Pending is ready the moment ``run`` returns: it is finished in the same
+    call on the worker (one hand-off a batch, not two); one still on its device is not."""
+    class Counting(ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.calls += 1
+            return super().submit(fn, *args, **kwargs)
+
+    class Queued:
+        def __init__(self, batch: int) -> None:
+            self.batch, self.polled = batch, 0
+
+        def ready(self) -> bool:
+            self.polled += 1
+            return self.batch != 2 or self.polled > 2  # batch 2: its device is still busy
+
+        def finish(self) -> int:
+            return self.batch * 10
+
+    async def main() -> list[int]:
+        return [r async for r in in_order(_stream([0, 1, 2], []), Queued, Counting(1))]
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert Counting.calls == 4  # batches 0 and 1 once each, batch 2 started then finished

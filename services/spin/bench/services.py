@@ -6,7 +6,9 @@ prompt, alternately: the in-process engine (``SpecEngine``) and the embedded ser
 services / in-process, and the router's per-step time split from its own metrics, diffed over the
 runs with speculation on and off separately: step, waiting for drafts, waiting for verification,
 and the step time not spent computing inside the drafter or verifier (RPC round trips,
-serialisation, the router's bookkeeping) as the per-step RPC overhead.
+serialisation, the router's bookkeeping) as the per-step RPC overhead. With speculation off a
+router step is one verifier call of ``SchedulerConfig.plain_steps`` plain forwards (the
+services' default), the in-process engine's one forward.
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                          "auto: int8 there when this torch has the kernels, else none)")
     sv.add_argument("--micro-batches", type=positive(int), default=1,
                     help="micro-batches in flight in the router (2 = pipelined)")
+    sv.add_argument("--plain-steps", type=positive(int), default=4,
+                    help="plain decoding steps per verifier call for requests with speculation "
+                         "off (1: a call per token)")
     sv.add_argument("--step-trace", metavar="FILE",
                     help="the router appends every verified step to FILE as a JSON line")
     sv.add_argument("--cpus", choices=("shared", "split"), default="shared",
@@ -106,6 +109,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                           scheduler=SchedulerConfig(max_batch=args.max_batch,
                                                     max_queue=args.max_queue,
                                                     micro_batches=args.micro_batches,
+                                                    plain_steps=args.plain_steps,
                                                     step_trace=(str(Path(args.step_trace).resolve())
                                                                 if args.step_trace else None),
                                                     verifier_outage_s=args.verifier_outage,

@@ -146,6 +146,9 @@ def add_router(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--draft-timeout", type=positive(float), default=5.0)
     g.add_argument("--micro-batches", type=positive(int), default=1,
                    help="micro-batches in flight (2: draft one while verifying the other)")
+    g.add_argument("--plain-steps", type=positive(int), default=4,
+                   help="plain decoding steps per verifier call for a micro-batch whose "
+                   "requests all have speculation off (1: a call per token)")
     g.add_argument("--redis-url", default=os.environ.get("SPIN_REDIS_URL"),
                    help="acceptance statistics (default: $SPIN_REDIS_URL, else in process); "
                    "$SPIN_REDIS_PASSWORD supplies a password the URL lacks")
@@ -245,6 +248,7 @@ def _flags_config(args: argparse.Namespace) -> RouterConfig:
                                   draft_timeout_s=args.draft_timeout,
                                   verifier_outage_s=args.verifier_outage,
                                   micro_batches=args.micro_batches,
+                                  plain_steps=args.plain_steps,
                                   step_trace=args.step_trace,
                                   prompt_lookup=not args.no_prompt_lookup,
                                   suffix_decoding=not args.no_suffix_decoding,

@@ -28,7 +28,7 @@ from ..rpc.batches import in_order
 from ..rpc.convert import sampling_from_proto, tree_to_proto
 from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
-from ..rpc.serving import ServerConfig, announce, serve
+from ..rpc.serving import ServerConfig, announce, serve, torch_worker
 from ..rpc.step_times import StepTimesMode, drafter_times, to_proto
 from ..v1 import drafter_pb2, drafter_pb2_grpc, model_info_pb2
 
@@ -39,14 +39,17 @@ class DrafterService(drafter_pb2_grpc.DrafterServicer):
     """A ``ModelDrafter`` with per-request contexts."""
 
     def __init__(self, name: str, model_path: str | Path,
-                 runner: RunnerConfig = RunnerConfig()) -> None:
+                 runner: RunnerConfig = RunnerConfig(),
+                 worker: ThreadPoolExecutor | None = None) -> None:
+        """``worker``: the one thread batches compute on (``rpc.serving.torch_worker``;
+        default a new one)."""
         self.name = name
         self.model_path = str(model_path)
         self.quantized = runner.quantize != "none"
         self.tokenizer = load_identity(model_path)
         limit = self.tokenizer.size if self.tokenizer is not None else None
         self.drafter = ModelDrafter(name, runner.load(model_path, vocab_limit=limit))
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
+        self._pool = worker or ThreadPoolExecutor(1, thread_name_prefix=f"drafter-{name}")
         metrics.NUM_PREEMPTIONS.labels("drafter", name)  # exported at 0 from the start
         self.step_times: list[DraftSample] = []
         """Draft calls this drafter timed on itself, reported in its model info."""
@@ -147,10 +150,16 @@ def run(model: str, name: str | None, cfg: ServerConfig,
         runner: RunnerConfig = RunnerConfig(), step_times: StepTimesMode = "auto") -> None:
     """Load the model, time its draft calls, then serve until SIGTERM."""
     name = name or Path(model).name
-    service = DrafterService(name, model, runner)
-    log.info("drafter %s %s", name, describe(service.drafter.runner))
-    service.drafter.runner.capture_graphs(progress=True)  # before timing: steps run as served
-    service.measure_step_times(step_times)
+    worker = torch_worker(f"drafter-{name}")
+
+    def start() -> DrafterService:
+        service = DrafterService(name, model, runner, worker)
+        log.info("drafter %s %s", name, describe(service.drafter.runner))
+        service.drafter.runner.capture_graphs(progress=True)  # before timing: as served
+        service.measure_step_times(step_times)
+        return service
+
+    service = worker.submit(start).result()
     service_descriptor = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]
     cfg.service_names = [service_descriptor.full_name]
     cfg.trace_service = f"spin-drafter-{name}"

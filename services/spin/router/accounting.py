@@ -43,6 +43,9 @@ class StepInfo:
 
     draft_wait_s: float = 0.0
     """Of ``step_seconds``, the wait for the drafts."""
+    forwards: int = 1
+    """Target forwards that produced the tokens: one per token for plain steps run several to a
+    verifier call (``VerifyTask.steps``), else 1."""
 
     @classmethod
     def of(cls, r: RequestOutcome, step: StepOutcome, batch_size: int) -> StepInfo:
@@ -83,14 +86,16 @@ class Accounting:
     # ---- one verified step ----------------------------------------------------------------------
     def verified(self, r: RouterRequest, o: RequestOutcome, info: StepInfo) -> None:
         """Count ``r``'s part ``o`` of a verified step (no drafter = no speculation): its tally,
-        the per-drafter metrics, and its population's statistics."""
-        t = r.tally
-        t.steps += 1
+        the per-drafter metrics, and its population's statistics; each of its target forwards
+        (``info.forwards``) counts as a step."""
+        t, forwards = r.tally, info.forwards
+        t.steps += forwards
         name = o.choice.drafter or ""
-        metrics.SPEC_STEPS.labels(name).inc()
-        metrics.SPEC_K.labels(name).observe(o.choice.k if o.choice.drafter else 0)
+        metrics.SPEC_STEPS.labels(name).inc(forwards)
+        for _ in range(forwards):
+            metrics.SPEC_K.labels(name).observe(o.choice.k if o.choice.drafter else 0)
         if not o.choice.drafter:
-            t.steps_off += 1
+            t.steps_off += forwards
             return
         tally = t.drafters.setdefault(name, DrafterTally())
         tally.steps += 1

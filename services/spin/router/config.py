@@ -38,6 +38,11 @@ class SchedulerConfig:
     micro_batches: int = 1
     """Micro-batches in flight: with 2, one is drafted while the other is verified (SPIN's
     pipeline); 1 = draft, then verify, the whole batch."""
+    plain_steps: int = 4
+    """Plain decoding steps one verification call runs for a micro-batch whose requests all have
+    speculation off (and no grammar), while no request waits for admission: one round trip to
+    the verifier and one router step per this many tokens (as vLLM's multi-step scheduling).
+    Tokens then reach the client this many at a time; 1: one call per token."""
     step_trace: str | None = None
     """A file every verified step is appended to, one JSON object a line: what each request
     drafted and accepted, the step's measured times and the cost model's prediction of them

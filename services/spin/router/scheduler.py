@@ -194,13 +194,18 @@ class Scheduler:
         # scoring calls do not feed this step's trees: they run while the verifier works
         scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
         allowed = constrain(reqs, trees, asks)  # structured output: the grammar's rows
+        plain_steps = self._plain_steps(reqs, trees or asks or allowed)
+        eos = self.stream.eos_id
         tasks = []
         for r in reqs:
             keep = self.verifier.keep(r.request_id, r.prompt)
             tasks.append(VerifyTask(r.request_id, keep, r.context_from(keep),
                                     trees.get(r.request_id), r.sampling, r.traceparent,
                                     r.tracestate, r.params.logprobs, asks.get(r.request_id),
-                                    allowed.get(r.request_id)))
+                                    allowed.get(r.request_id),
+                                    # a first step alone: its token is the time to first token
+                                    min(plain_steps, r.remaining) if r.generated else 1,
+                                    () if eos is None or r.params.ignore_eos else (eos,)))
         reply: VerifyReply | None = None
         try:
             reply = await self.verifier.verify(tasks, self.cfg.verify_timeout_s)
@@ -220,7 +225,9 @@ class Scheduler:
             for name, p in drafts.items():
                 if (proposer := self.proposers.get(name)) is not None:
                     proposer.verified({rid: by_id[rid] for rid in p.asks if rid in by_id})
-        prediction = plan.prediction if reply is not None else None  # nothing to calibrate on
+        # nothing to calibrate on: no reply, or several forwards a request
+        multi = any(t.steps > 1 for t in tasks)
+        prediction = plan.prediction if reply is not None and not multi else None
         head_s = reply.head_seconds if reply is not None else {}  # inside the verifier's time
         step = StepOutcome((), prediction, t1 - t0, t2 - t1, 0.0,
                            {n: head_s.get(n, p.seconds) for n, p in drafts.items()},
@@ -230,6 +237,17 @@ class Scheduler:
                     scores, step, t0)
         if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
+
+    def _plain_steps(self, reqs: list[RouterRequest], drafting: object) -> int:
+        """Plain steps this lane's verification call runs (``SchedulerConfig.plain_steps``):
+        more than one only when every request has speculation off and no grammar, none drafts
+        (``drafting`` falsy: a head's ask), and no request waits for admission (the call holds
+        the lane). The policy's own plain steps stay one a call: it decides again after each."""
+        if self.cfg.plain_steps <= 1 or drafting or self.waiting:
+            return 1
+        if any(r.params.mode != "off" or r.constraint is not None for r in reqs):
+            return 1
+        return self.cfg.plain_steps
 
     def _view(self, r: RouterRequest) -> RequestView:
         """What the policy may know of ``r`` (whether each model-free proposer would draft: they
@@ -347,6 +365,8 @@ class Scheduler:
     def _emit(self, r: RouterRequest, o: RequestOutcome, res: VerifyResult,
               info: StepInfo) -> tuple[int, bool]:
         """Count and stream a verified step's tokens: (tokens emitted, the request is done)."""
+        if o.choice.drafter is None and not o.drafted:  # one forward per token it emitted
+            info = replace(info, forwards=len(res.tokens))
         self.accounting.verified(r, o, info)
         start = len(r.generated)
         chunk = self.stream.emit(r, res.tokens, info, res.logprobs)

@@ -110,7 +110,8 @@ def response(c: Chunk) -> generation_pb2.GenerateResponse:
         step=generation_pb2.StepInfo(
             drafter=st.drafter, k=st.k, draft_tokens=st.draft_tokens,
             accepted_tokens=st.accepted_tokens, step_seconds=st.step_seconds,
-            predicted_step_seconds=st.predicted_step_seconds, batch_size=st.batch_size))
+            predicted_step_seconds=st.predicted_step_seconds, batch_size=st.batch_size,
+            forwards=st.forwards))
     if c.logprobs is not None:
         logprobs_to_proto(c.logprobs, msg.logprobs)
     if c.finish is not None:

@@ -112,6 +112,11 @@ class VerifyTask:
     allowed: torch.Tensor | None = None
     """Structured output: [len(tree) + 1, W] int32, the tokens the grammar allows at each row
     (``engine/token_mask.py``); None: every token."""
+    steps: int = 1
+    """Plain decoding steps the verifier runs for it in this call (more than one only without
+    a tree, head or ``allowed``: ``SchedulerConfig.plain_steps``)."""
+    stop_ids: tuple[int, ...] = ()
+    """Tokens after which a multi-step task stops (its end-of-sequence token)."""
 
 
 @dataclass
@@ -309,7 +314,8 @@ def _verify_task(t: VerifyTask) -> verifier_pb2.VerifyTask:
                                    allowed=verifier_pb2.TokenMask(
                                        bits=token_mask.to_bytes(t.allowed),
                                        words_per_row=t.allowed.shape[1])
-                                   if t.allowed is not None else None)
+                                   if t.allowed is not None else None,
+                                   steps=t.steps, stop_token_ids=t.stop_ids)
 
 
 def _draft_task(t: DraftTask) -> drafter_pb2.DraftTask:

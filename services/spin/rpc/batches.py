@@ -10,7 +10,9 @@ A batch whose ``run`` returns a ``Pending`` (the verifier on CUDA: its forward a
 queued on the device) is finished on the worker only once the device is done with it
 (``ready``); meanwhile the worker is free, so the next batch's inputs are prepared and queued
 while the device computes this one, and a step nears max(host work, device work) rather than
-their sum. On the CPU the work is done by the time ``run`` returns, and nothing changes.
+their sum. On the CPU the work is done by the time ``run`` returns: the batch is finished in
+the same call on the worker (one hand-off to the worker thread a batch, ~0.2 ms less a round
+trip than two).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ async def in_order(batches: AsyncIterator[Batch], run: Callable[[Batch], Result]
         try:
             async for batch in batches:
                 await room.acquire()
-                queued.put_nowait(loop.run_in_executor(worker, run, batch))
+                queued.put_nowait(loop.run_in_executor(worker, _run, run, batch))
         finally:
             queued.put_nowait(None)
 
@@ -82,6 +84,15 @@ async def in_order(batches: AsyncIterator[Batch], run: Callable[[Batch], Result]
         while not queued.empty():  # results nobody will read (a Pending still finishes)
             if (left := queued.get_nowait()) is not None:
                 left.add_done_callback(lambda f: abandoned(worker, f))
+
+
+def _run(run: Callable[[Batch], Result], batch: Batch) -> Result:
+    """``run(batch)``, finished at once when it is a ``Pending`` the device is already done
+    with (the CPU): one hand-off to the worker thread per batch instead of two."""
+    value = run(batch)
+    if hasattr(value, "finish") and value.ready():
+        return value.finish()
+    return value
 
 
 def abandoned(worker: ThreadPoolExecutor, future: asyncio.Future) -> None:

@@ -115,7 +115,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., steps_without_speculation: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., tau: _Optional[float] = ..., drafters: _Optional[_Iterable[_Union[DrafterUsage, _Mapping]]] = ...) -> None: ...
 
 class StepInfo(_message.Message):
-    __slots__ = ("drafter", "k", "draft_tokens", "accepted_tokens", "step_seconds", "predicted_step_seconds", "batch_size")
+    __slots__ = ("drafter", "k", "draft_tokens", "accepted_tokens", "step_seconds", "predicted_step_seconds", "batch_size", "forwards")
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class StepInfo(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
     drafter: str
     k: int
     draft_tokens: int
@@ -130,7 +131,8 @@ class StepInfo(_message.Message):
     step_seconds: float
     predicted_step_seconds: float
     batch_size: int
-    def __init__(self, drafter: _Optional[str] = ..., k: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., predicted_step_seconds: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    forwards: int
+    def __init__(self, drafter: _Optional[str] = ..., k: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., predicted_step_seconds: _Optional[float] = ..., batch_size: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "finish_reason", "usage", "speculation", "step", "logprobs")

@@ -27,7 +27,7 @@ from spin.v1 import sampling_pb2 as spin_dot_v1_dot_sampling__pb2
 from spin.v1 import token_tree_pb2 as spin_dot_v1_dot_token__tree__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16spin/v1/verifier.proto\x12\x07spin.v1\x1a\x18spin/v1/model_info.proto\x1a\x16spin/v1/sampling.proto\x1a\x18spin/v1/token_tree.proto\"\xa4\x02\n\nVerifyTask\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x05\x12\x15\n\rcontext_delta\x18\x03 \x03(\x05\x12 \n\x04tree\x18\x04 \x01(\x0b\x32\x12.spin.v1.TokenTree\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x12\n\ntracestate\x18\x07 \x01(\t\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x04head\x18\t \x01(\x0b\x32\x10.spin.v1.HeadAsk\x12#\n\x07\x61llowed\x18\n \x01(\x0b\x32\x12.spin.v1.TokenMaskB\x0b\n\t_logprobs\"0\n\tTokenMask\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\x12\x15\n\rwords_per_row\x18\x02 \x01(\x05\"2\n\x07HeadAsk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x0e\n\x06stored\x18\x03 \x01(\x05\"V\n\rVerifyRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\"\n\x05tasks\x18\x02 \x03(\x0b\x32\x13.spin.v1.VerifyTask\x12\x0f\n\x07release\x18\x03 \x03(\t\"\xbe\x01\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\x05\x12\x0e\n\x06resync\x18\x04 \x01(\x08\x12\x11\n\tpreempted\x18\x05 \x01(\x08\x12(\n\x08logprobs\x18\x06 \x03(\x0b\x32\x16.spin.v1.TokenLogprobs\x12\x13\n\x0btoken_probs\x18\x07 \x03(\x02\x12\x12\n\nhead_draft\x18\x08 \x03(\x05\"\xff\x01\n\x0eVerifyResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12&\n\x07results\x18\x02 \x03(\x0b\x32\x15.spin.v1.VerifyResult\x12\x16\n\x0everify_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x12\n\nnum_blocks\x18\x05 \x01(\x05\x12>\n\x0chead_seconds\x18\x06 \x03(\x0b\x32(.spin.v1.VerifyResponse.HeadSecondsEntry\x1a\x32\n\x10HeadSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x18\n\x16GetVerifierInfoRequest\";\n\x17GetVerifierInfoResponse\x12 \n\x04info\x18\x01 \x01(\x0b\x32\x12.spin.v1.ModelInfo2\x9f\x01\n\x08Verifier\x12=\n\x06Verify\x12\x16.spin.v1.VerifyRequest\x1a\x17.spin.v1.VerifyResponse(\x01\x30\x01\x12T\n\x0fGetVerifierInfo\x12\x1f.spin.v1.GetVerifierInfoRequest\x1a .spin.v1.GetVerifierInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16spin/v1/verifier.proto\x12\x07spin.v1\x1a\x18spin/v1/model_info.proto\x1a\x16spin/v1/sampling.proto\x1a\x18spin/v1/token_tree.proto\"\xcb\x02\n\nVerifyTask\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x05\x12\x15\n\rcontext_delta\x18\x03 \x03(\x05\x12 \n\x04tree\x18\x04 \x01(\x0b\x32\x12.spin.v1.TokenTree\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.spin.v1.SamplingParams\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x12\n\ntracestate\x18\x07 \x01(\t\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x04head\x18\t \x01(\x0b\x32\x10.spin.v1.HeadAsk\x12#\n\x07\x61llowed\x18\n \x01(\x0b\x32\x12.spin.v1.TokenMask\x12\r\n\x05steps\x18\x0b \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x42\x0b\n\t_logprobs\"0\n\tTokenMask\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\x12\x15\n\rwords_per_row\x18\x02 \x01(\x05\"2\n\x07HeadAsk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x0e\n\x06stored\x18\x03 \x01(\x05\"V\n\rVerifyRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\"\n\x05tasks\x18\x02 \x03(\x0b\x32\x13.spin.v1.VerifyTask\x12\x0f\n\x07release\x18\x03 \x03(\t\"\xbe\x01\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\x05\x12\x0e\n\x06resync\x18\x04 \x01(\x08\x12\x11\n\tpreempted\x18\x05 \x01(\x08\x12(\n\x08logprobs\x18\x06 \x03(\x0b\x32\x16.spin.v1.TokenLogprobs\x12\x13\n\x0btoken_probs\x18\x07 \x03(\x02\x12\x12\n\nhead_draft\x18\x08 \x03(\x05\"\xff\x01\n\x0eVerifyResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12&\n\x07results\x18\x02 \x03(\x0b\x32\x15.spin.v1.VerifyResult\x12\x16\n\x0everify_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x12\n\nnum_blocks\x18\x05 \x01(\x05\x12>\n\x0chead_seconds\x18\x06 \x03(\x0b\x32(.spin.v1.VerifyResponse.HeadSecondsEntry\x1a\x32\n\x10HeadSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x18\n\x16GetVerifierInfoRequest\";\n\x17GetVerifierInfoResponse\x12 \n\x04info\x18\x01 \x01(\x0b\x32\x12.spin.v1.ModelInfo2\x9f\x01\n\x08Verifier\x12=\n\x06Verify\x12\x16.spin.v1.VerifyRequest\x1a\x17.spin.v1.VerifyResponse(\x01\x30\x01\x12T\n\x0fGetVerifierInfo\x12\x1f.spin.v1.GetVerifierInfoRequest\x1a .spin.v1.GetVerifierInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,23 +37,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._loaded_options = None
   _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._serialized_options = b'8\001'
   _globals['_VERIFYTASK']._serialized_start=112
-  _globals['_VERIFYTASK']._serialized_end=404
-  _globals['_TOKENMASK']._serialized_start=406
-  _globals['_TOKENMASK']._serialized_end=454
-  _globals['_HEADASK']._serialized_start=456
-  _globals['_HEADASK']._serialized_end=506
-  _globals['_VERIFYREQUEST']._serialized_start=508
-  _globals['_VERIFYREQUEST']._serialized_end=594
-  _globals['_VERIFYRESULT']._serialized_start=597
-  _globals['_VERIFYRESULT']._serialized_end=787
-  _globals['_VERIFYRESPONSE']._serialized_start=790
-  _globals['_VERIFYRESPONSE']._serialized_end=1045
-  _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._serialized_start=995
-  _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._serialized_end=1045
-  _globals['_GETVERIFIERINFOREQUEST']._serialized_start=1047
-  _globals['_GETVERIFIERINFOREQUEST']._serialized_end=1071
-  _globals['_GETVERIFIERINFORESPONSE']._serialized_start=1073
-  _globals['_GETVERIFIERINFORESPONSE']._serialized_end=1132
-  _globals['_VERIFIER']._serialized_start=1135
-  _globals['_VERIFIER']._serialized_end=1294
+  _globals['_VERIFYTASK']._serialized_end=443
+  _globals['_TOKENMASK']._serialized_start=445
+  _globals['_TOKENMASK']._serialized_end=493
+  _globals['_HEADASK']._serialized_start=495
+  _globals['_HEADASK']._serialized_end=545
+  _globals['_VERIFYREQUEST']._serialized_start=547
+  _globals['_VERIFYREQUEST']._serialized_end=633
+  _globals['_VERIFYRESULT']._serialized_start=636
+  _globals['_VERIFYRESULT']._serialized_end=826
+  _globals['_VERIFYRESPONSE']._serialized_start=829
+  _globals['_VERIFYRESPONSE']._serialized_end=1084
+  _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._serialized_start=1034
+  _globals['_VERIFYRESPONSE_HEADSECONDSENTRY']._serialized_end=1084
+  _globals['_GETVERIFIERINFOREQUEST']._serialized_start=1086
+  _globals['_GETVERIFIERINFOREQUEST']._serialized_end=1110
+  _globals['_GETVERIFIERINFORESPONSE']._serialized_start=1112
+  _globals['_GETVERIFIERINFORESPONSE']._serialized_end=1171
+  _globals['_VERIFIER']._serialized_start=1174
+  _globals['_VERIFIER']._serialized_end=1333
 # @@protoc_insertion_point(module_scope)

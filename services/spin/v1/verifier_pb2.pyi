@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyTask(_message.Message):
-    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs", "head", "allowed")
+    __slots__ = ("request_id", "keep", "context_delta", "tree", "sampling", "traceparent", "tracestate", "logprobs", "head", "allowed", "steps", "stop_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,8 @@ class VerifyTask(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     keep: int
     context_delta: _containers.RepeatedScalarFieldContainer[int]
@@ -31,7 +33,9 @@ class VerifyTask(_message.Message):
     logprobs: int
     head: HeadAsk
     allowed: TokenMask
-    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ..., head: _Optional[_Union[HeadAsk, _Mapping]] = ..., allowed: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
+    steps: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., keep: _Optional[int] = ..., context_delta: _Optional[_Iterable[int]] = ..., tree: _Optional[_Union[_token_tree_pb2.TokenTree, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., logprobs: _Optional[int] = ..., head: _Optional[_Union[HeadAsk, _Mapping]] = ..., allowed: _Optional[_Union[TokenMask, _Mapping]] = ..., steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenMask(_message.Message):
     __slots__ = ("bits", "words_per_row")

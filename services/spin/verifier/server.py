@@ -35,7 +35,7 @@ from ..rpc.batches import in_order
 from ..rpc.convert import logprobs_to_proto, sampling_from_proto, tree_from_proto
 from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
-from ..rpc.serving import ServerConfig, announce, serve
+from ..rpc.serving import ServerConfig, announce, serve, torch_worker
 from ..rpc.step_times import StepTimesMode, head_times, to_proto, verifier_times
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
 from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
@@ -43,6 +43,8 @@ from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
 log = logging.getLogger(__name__)
 MAX_HEAD_K = 16
 """Longest chain a task may ask a head to draft."""
+MAX_PLAIN_STEPS = 64
+"""Most plain decoding steps one task may ask for (``VerifyTask.steps``)."""
 
 
 class VerifierService(verifier_pb2_grpc.VerifierServicer):
@@ -51,8 +53,10 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, model_path: str | Path, runner: RunnerConfig = RunnerConfig(),
                  name: str | None = None, decompose: bool = True,
                  cost_model: CostModel | None = None, heads: dict[str, str] | None = None,
-                 head_window: int = HEAD_WINDOW) -> None:
-        """``heads``: EAGLE-3 draft heads to serve, name -> checkpoint directory."""
+                 head_window: int = HEAD_WINDOW, worker: ThreadPoolExecutor | None = None
+                 ) -> None:
+        """``heads``: EAGLE-3 draft heads to serve, name -> checkpoint directory; ``worker``:
+        the one thread batches compute on (``rpc.serving.torch_worker``; default a new one)."""
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
         target = runner.load(model_path)
@@ -69,7 +73,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         """Forwards this verifier timed on itself, reported in its model info."""
         self.head_times: dict[str, list[DraftSample]] = {}
         """Each head's drafts timed on this process, reported in its model info."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="verifier")
+        self._pool = worker or ThreadPoolExecutor(1, thread_name_prefix="verifier")
         self._inflight: list[_PendingBatch] = []
         """Batches queued on the device, not yet finished (worker thread only)."""
         metrics.NUM_PREEMPTIONS.labels("verifier", self.name)  # exported at 0 from the start
@@ -146,6 +150,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         blocks = runner.cache.blocks
         results: list[verifier_pb2.VerifyResult] = []
         work: list[tuple[int, VerifyRequest]] = []
+        more: dict[int, verifier_pb2.VerifyTask] = {}  # result index -> a multi-step task
         new = sum(1 for t in batch.tasks if t.request_id not in seqs
                   and t.keep == 0)  # keep > 0 for an unknown request is a resync
         if new > blocks.free_seqs:
@@ -174,14 +179,16 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
                 raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{task.request_id}: logprobs must be in [0, {MAX_LOGPROBS}],"
                                     f" got {logprobs}")
-            work.append((len(results) - 1, VerifyRequest(task.request_id, task.context_delta,
-                                                         tree, sampling, keep=task.keep,
-                                                         logprobs=logprobs,
-                                                         head=self._head_ask(task, tree),
-                                                         allowed=_allowed(task, len(tree)))))
+            req = VerifyRequest(task.request_id, task.context_delta, tree, sampling,
+                                keep=task.keep, logprobs=logprobs,
+                                head=self._head_ask(task, tree), allowed=_allowed(task, len(tree)))
+            work.append((len(results) - 1, req))
+            if _plain_steps(task, req) > 1:
+                more[len(results) - 1] = task
         split = _Split(self.cost_model.predict_padded_verify if self.decompose else None)
         step = self.verifier.start([r for _, r in work], split)
-        pending = _PendingBatch(self, batch, ids, start, start_ns, work, results, split, step)
+        pending = _PendingBatch(self, batch, ids, start, start_ns, work, results, split, step,
+                                more)
         self._inflight.append(pending)
         return pending
 
@@ -221,6 +228,7 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
             logprobs_to_proto(verdict.logprobs or (), results[i].logprobs)
             results[i].token_probs.extend(verdict.token_probs or ())
             results[i].head_draft.extend(verdict.head_draft)
+        self._more_steps(p)
         seconds = time.perf_counter() - p.start
         metrics.observe_service_batch("verifier", self.name, seconds, len(batch.tasks),
                                       runner.cache.usage, len(self.verifier.seqs),
@@ -232,6 +240,52 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         if tracing.enabled():
             self._trace(batch, resp, p.start_ns)
         return resp
+
+    @property
+    def max_len(self) -> int:
+        """The longest context a request may have here (``--max-model-len``)."""
+        return self.verifier.runner.max_len
+
+    def _more_steps(self, p: _PendingBatch) -> None:
+        """The multi-step tasks' further plain forwards (``VerifyTask.steps``), run together,
+        each step's token appended to its result, until every task has its steps, stopped at a
+        stop token, filled the context, or was preempted (its tokens so far stand)."""
+        going = {i: t for i, t in p.more.items()
+                 if p.results[i].tokens and not p.results[i].preempted}
+        sampling = {i: req.sampling for i, req in p.work if i in going}
+
+        def held(i: int) -> int:  # the context the verifier holds for task i
+            return going[i].keep + len(going[i].context_delta) + len(p.results[i].tokens)
+
+        while going := {i: t for i, t in going.items()
+                        if len(p.results[i].tokens) < t.steps and held(i) < self.max_len
+                        and p.results[i].tokens[-1] not in t.stop_token_ids}:
+            order = list(going)
+            reqs = [VerifyRequest(going[i].request_id, (), TokenTree((), ()), sampling[i],
+                                  keep=held(i), logprobs=going[i].logprobs
+                                  if going[i].HasField("logprobs") else None) for i in order]
+            for i, verdict in zip(order, self.verifier.verify(reqs)):
+                if verdict is None:  # no room: what it has stands, the next batch resumes
+                    metrics.NUM_PREEMPTIONS.labels("verifier", self.name).inc()
+                    del going[i]
+                    continue
+                p.results[i].tokens.extend(verdict.tokens)
+                logprobs_to_proto(verdict.logprobs or (), p.results[i].logprobs)
+                p.results[i].token_probs.extend(verdict.token_probs or ())
+
+
+def _plain_steps(task: verifier_pb2.VerifyTask, req: VerifyRequest) -> int:
+    """The plain steps ``task`` asks for, ``BatchRejected`` for more than one on a task that
+    drafts (a tree, a head or grammar rows: those are decided one step at a time)."""
+    if task.steps <= 1:
+        return 1
+    if task.steps > MAX_PLAIN_STEPS or len(req.tree) or req.head is not None \
+            or req.allowed is not None:
+        raise BatchRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{task.request_id}: steps must be in [0, {MAX_PLAIN_STEPS}] and "
+                            f"above 1 only for a task without a tree, head or token mask (got "
+                            f"{task.steps})")
+    return task.steps
 
 
 @dataclass
@@ -249,6 +303,8 @@ class _PendingBatch:
     results: list[verifier_pb2.VerifyResult]
     split: _Split
     step: PendingStep
+    more: dict[int, verifier_pb2.VerifyTask]
+    """Result index -> a task asking for more than one plain step."""
     response: verifier_pb2.VerifyResponse | None = None
 
     def ready(self) -> bool:
@@ -289,11 +345,17 @@ def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
         heads: dict[str, str] | None = None, head_window: int = HEAD_WINDOW) -> None:
     """Load the target (and its draft heads), capture its step graphs (CUDA), time its
     forwards, then serve until SIGTERM."""
-    service = VerifierService(model, runner, decompose=decompose, heads=heads,
-                              head_window=head_window)
-    log.info("verifier %s", describe(service.verifier.runner))
-    service.verifier.runner.capture_graphs(progress=True)  # before timing: steps run as served
-    service.measure_step_times(step_times)
+    worker = torch_worker("verifier")
+
+    def start() -> VerifierService:
+        service = VerifierService(model, runner, decompose=decompose, heads=heads,
+                                  head_window=head_window, worker=worker)
+        log.info("verifier %s", describe(service.verifier.runner))
+        service.verifier.runner.capture_graphs(progress=True)  # before timing: as served
+        service.measure_step_times(step_times)
+        return service
+
+    service = worker.submit(start).result()
     service_descriptor = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]
     cfg.service_names = [service_descriptor.full_name]
     cfg.trace_service = "spin-verifier"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from ..timing.measure import median_time
+from ..timing.measure import steady_time
 
 
 @dataclass(frozen=True)
@@ -112,15 +112,15 @@ def sync(device: torch.device) -> None:
 
 
 def device_time(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of ``fn()`` over ``reps`` timed calls after one warm-up call, each call
-    timed to the end of its device work (synchronised before and after)."""
+    """Seconds of ``fn()`` (``steady_time`` of ``reps`` calls), each call timed to the end of
+    its device work (synchronised before and after)."""
     sync(device)
 
     def call() -> None:
         fn()
         sync(device)
 
-    return median_time(call, reps)
+    return steady_time(call, reps)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 10) -> float:

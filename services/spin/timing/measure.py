@@ -4,15 +4,14 @@ Verification: one target forward over ``batch`` requests, each scoring ``tokens`
 a context of ``context`` tokens, as a chain and (where the count allows) as a tree of two
 branches. Drafting: one drafter call drafting k levels for ``batch`` requests after a context
 (catch-up of the last token included, as in serving); a draft head's drafts inside the
-verifier likewise (``profile_head``). Each point is the median of a few
-repetitions after a warm-up. The services measure themselves with these at start
+verifier likewise (``profile_head``). Each point is the fastest of a few repetitions after a
+warm-up, repeated further while the two fastest disagree (``steady_time``). The services measure themselves with these at start
 (``rpc/step_times.py``); ``spin profile`` fits a ``CostModel`` file from them
 (``bench/profile.py``).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,14 +27,29 @@ from .cost_model import DraftSample, VerifySample
 GREEDY = SamplingParams()
 
 
-def median_time(fn: Callable[[], object], reps: int) -> float:
-    """The median of ``reps`` timed calls of ``fn`` after one untimed warm-up call."""
-    times = []
-    for _ in range(reps + 1):
+STEADY_TOLERANCE = 0.1
+"""How near the two fastest timings of a point must be to end its measurement."""
+
+
+def steady_time(fn: Callable[[], object], reps: int, most: int | None = None) -> float:
+    """The fastest of at least ``reps`` timed calls of ``fn`` after one untimed warm-up call,
+    timing more (``most``: ``4 * reps`` in all) until the two fastest agree within
+    ``STEADY_TOLERANCE``. Another process only ever makes a call slower (a preempted OpenMP
+    team waits at its barrier: on 2 cores beside two busy processes a 48 ms forward took 616 ms,
+    and the median of three kept such points), so the fastest of two that agree is the call's
+    own time."""
+    most = max(most or 4 * reps, reps)
+    fn()  # warm-up
+    times: list[float] = []
+    while len(times) < most:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])  # the first is a warm-up
+        if len(times) >= max(reps, 2):
+            a, b = sorted(times)[:2]
+            if b <= a * (1 + STEADY_TOLERANCE):
+                break
+    return min(times)
 
 
 @torch.inference_mode()
@@ -57,14 +71,14 @@ def profile_verify(runner: ModelRunner, batches: Sequence[int], tokens: Sequence
                     runner.cache.commit(s, ctx)
                 for n in tokens:
                     items = [ForwardItem(s, tuple(range(5, 5 + n))) for s in seqs]
-                    secs = median_time(lambda: runner.forward(items), reps)
+                    secs = steady_time(lambda: runner.forward(items), reps)
                     samples.append(VerifySample(b, b * n, b * ctx, secs))
                     bar.update()
                     if n > 1 and (n - 1) % 2 == 0 and b <= 16:  # as many tokens, as a tree
                         half = (n - 1) // 2  # the context's last token, two branches of half
                         parents = (-1, 0, *range(1, half), 0, *range(half + 1, n - 1))
                         trees = [ForwardItem(s, tuple(range(5, 5 + n)), parents) for s in seqs]
-                        secs = median_time(lambda: runner.forward(trees), reps)
+                        secs = steady_time(lambda: runner.forward(trees), reps)
                         samples.append(VerifySample(b, b * n, b * ctx, secs, tree=True))
             finally:
                 for s in seqs:
@@ -93,14 +107,14 @@ def profile_draft(name: str, drafter: ModelDrafter, batches: Sequence[int], ks: 
                     # timed: the context as it is, then one more token (a catch-up of one)
                     same = [DraftRequest(rid, (), k, keep=ctx) for rid in ids]
                     step = [DraftRequest(rid, (7,), k, keep=ctx) for rid in ids]
-                    secs = median_time(lambda: (drafter.propose(same), drafter.propose(step)),
+                    secs = steady_time(lambda: (drafter.propose(same), drafter.propose(step)),
                                         reps) / 2
                     samples.append(DraftSample(name, b, k, b * ctx, secs))
                     bar.update()
                     if k > 1 and b <= 4:  # the same levels as a tree of two branches
                         same = [DraftRequest(rid, (), k, (2,), keep=ctx + 1) for rid in ids]
                         step = [DraftRequest(rid, (8,), k, (2,), keep=ctx + 1) for rid in ids]
-                        secs = median_time(lambda: (drafter.propose(same),
+                        secs = steady_time(lambda: (drafter.propose(same),
                                                      drafter.propose(step)), reps) / 2
                         samples.append(DraftSample(name, b, k, b * ctx, secs, tree=True))
             finally:
@@ -142,7 +156,7 @@ def profile_head(name: str, head: HeadRunner, width: int, batches: Sequence[int]
                             ctxs[rid].append(7)
                         head.draft([DraftTask(rid, ctxs[rid], k, GREEDY) for rid in ids], log)
 
-                    samples.append(DraftSample(name, b, k, b * ctx, median_time(step, reps)))
+                    samples.append(DraftSample(name, b, k, b * ctx, steady_time(step, reps)))
                     bar.update()
             finally:
                 for rid in ids:

@@ -65,9 +65,9 @@ so speculation is weighed against plain steps as fast as they run (one call a to
 --concurrency 32``). A probe of speculation in which the controller drafts nothing (k = 0 for
 every request: the cost model prices speculation at a loss there) is a held plain step, and the
 next probe comes after twice the interval (such probes ran every fourth forward as a plain step
-of one forward: one call in two at 32 sampled requests). A probe of plain steps stays one
-forward: held as well, a request alone's probes turned it plain where it drafted well (a test
-of a mixed workload failed in 2 of 3 runs beside other tests).
+of one forward: one call in two at 32 sampled requests). A probe of plain steps is one forward
+(held too, a request alone's probes turned it plain where it drafted well: a test of a mixed
+workload failed in 2 of 3 runs beside other tests).
 
 A decision changes only where the other side measures better by more than the standard error
 of the two rates' difference (each a ratio of discounted sums: the delta method): no threshold
@@ -174,9 +174,9 @@ class LossGuard:
         """Micro-batch (its request ids) -> the kind of step it is weighed as, and whether it
         follows a plain step of the guard's, from ``plain`` to ``weigh``."""
         self._held: set[str] = set()
-        """The requests the guard's last decided step ran plain."""
         self._probe: tuple[_Kind, set[str]] | None = None
         """The record and requests of the probe of speculation ``plain`` last decided."""
+        """The requests the guard's last decided step ran plain."""
         self._solo: dict[str, _Kind] = {}
         """Request id -> its record when it steps alone: its own speculating side, its kind's
         plain side (the same object; module doc: one request)."""

@@ -5,9 +5,9 @@ a context of ``context`` tokens, as a chain and (where the count allows) as a tr
 branches. Drafting: one drafter call drafting k levels for ``batch`` requests after a context
 (catch-up of the last token included, as in serving); a draft head's drafts inside the
 verifier likewise (``profile_head``). Each point is the fastest of a few repetitions after a
-warm-up, repeated further while the two fastest disagree (``steady_time``). The services measure themselves with these at start
-(``rpc/step_times.py``); ``spin profile`` fits a ``CostModel`` file from them
-(``bench/profile.py``).
+warm-up, repeated further while the two fastest disagree (``steady_time``). The services
+measure themselves with these at start (``rpc/step_times.py``); ``spin profile`` fits a
+``CostModel`` file from them (``bench/profile.py``).
 """
 
 from __future__ import annotations
@@ -31,17 +31,16 @@ STEADY_TOLERANCE = 0.1
 """How near the two fastest timings of a point must be to end its measurement."""
 
 
-def steady_time(fn: Callable[[], object], reps: int, most: int | None = None) -> float:
+def steady_time(fn: Callable[[], object], reps: int) -> float:
     """The fastest of at least ``reps`` timed calls of ``fn`` after one untimed warm-up call,
-    timing more (``most``: ``4 * reps`` in all) until the two fastest agree within
+    timing more (``4 * reps`` in all at most) until the two fastest agree within
     ``STEADY_TOLERANCE``. Another process only ever makes a call slower (a preempted OpenMP
     team waits at its barrier: on 2 cores beside two busy processes a 48 ms forward took 616 ms,
     and the median of three kept such points), so the fastest of two that agree is the call's
     own time."""
-    most = max(most or 4 * reps, reps)
     fn()  # warm-up
     times: list[float] = []
-    while len(times) < most:
+    while len(times) < 4 * reps:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

@@ -52,7 +52,7 @@ def draft_model(family_dir: Path) -> PreTrainedModel:
 
 
 def _embedded(log_dir, heads: dict[str, str] | None = None, suffix_decoding: bool = True,
-              **policy: object):
+              cost_model: str | None = None, **policy: object):
     from spin.router.config import RouterConfig, SchedulerConfig
     from spin.serve import Embedded, ServeConfig
 
@@ -60,8 +60,28 @@ def _embedded(log_dir, heads: dict[str, str] | None = None, suffix_decoding: boo
                                                     step_trace=str(log_dir / "steps.jsonl"),
                                                     suffix_decoding=suffix_decoding),
                           policy_config={"guard": {"enabled": False}, "price_catch_up": False,
-                                         **policy})
+                                         **policy},
+                          cost_model=cost_model)
     return Embedded(ServeConfig(port=0, log_dir=log_dir, router=router, heads=heads))
+
+
+IDLE_DRAFT_COSTS = {"draft-code": (1e-4, 6.6e-4, 4.8e-5, 5.7e-7, 1.9e-4),
+                    "draft-prose": (1.2e-4, 6.3e-4, 4.9e-5, 6.1e-7, 1.8e-4),
+                    "draft-general": (2.2e-5, 2.1e-3, 0.0, 1.4e-6, 6.7e-4),
+                    "draft-structured": (5.9e-5, 4.1e-4, 3.2e-5, 2.3e-7, 5.5e-5)}
+"""Each draft model's cost coefficients (``timing/cost_model.py``), rounded from ``spin profile
+--quick`` on this project's idle 2-core CPU (fit error 4-8%)."""
+
+
+def _idle_cost_model(path: Path) -> str:
+    """The demo family's cost model on an idle 2-core CPU (``spin profile --quick``, its verify
+    fit error 11%), written to ``path``."""
+    from spin.timing.cost_model import CostModel
+
+    cost = CostModel(verify=(7.5e-3, 1.6e-4, 2.3e-4, 6.5e-6, 0.0, 9.3e-4),
+                     draft={name: IDLE_DRAFT_COSTS[name] for name in family_members(FAMILY_DIR)})
+    cost.save(path)
+    return str(path)
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +93,20 @@ def serving_model_drafters(tmp_path_factory: pytest.TempPathFactory):
     tests use ``serving``). A request's best-fitting drafter is the one that predicts its prompt
     best (``fit_rank_margin`` 0): the default ranking adds each drafter's record on earlier
     requests and its goodput, which follow the step times the machine allows and which requests
-    came first (``tests/policy`` cover that ranking)."""
-    emb = _embedded(tmp_path_factory.mktemp("serve-models"), heads={}, suffix_decoding=False,
-                    fit_rank_margin=0.0)
+    came first (``tests/policy`` cover that ranking).
+
+    Its router plans with a fixed cost model of an idle machine, not calibrated in serving
+    (``_idle_cost_model``), and scores every prompt whatever the scoring calls cost
+    (``price_scoring`` off): which drafter a lone request's steps take, and how many of them
+    speculate, then follow prompt agreement and acceptance alone. Beside four busy processes a
+    forward over several tokens measured 50-60 ms against 15 ms for one, and a router planning
+    with such times rightly drafted with a model in 4 of 96 steps: too few for these tests to
+    tell one draft model's steps from another's."""
+    log_dir = tmp_path_factory.mktemp("serve-models")
+    emb = _embedded(log_dir, heads={}, suffix_decoding=False,
+                    cost_model=_idle_cost_model(log_dir / "cost_model.json"),
+                    fit_rank_margin=0.0, price_scoring=False,
+                    controller={"calibration": 0.0})
     emb.start()
     yield emb
     emb.stop()

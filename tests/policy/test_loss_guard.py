@@ -429,3 +429,72 @@ def test_the_scoring_calls_beside_a_prefill_are_charged_to_speculation() -> None
     after = guard.rates()[KIND]
     guard.weigh(prefill((16, 2400), 0.3))  # plain decided: no scoring ran for speculation
     assert guard.rates()[KIND] == after
+
+
+def _held_run(cap: int, forwards: int) -> tuple[list[int], int]:
+    """Eight sampled requests whose speculating steps give 2 tokens each in 50 ms and whose
+    plain forwards 1 in 10 ms, a call running ``min(hold, cap)`` plain forwards: the forward at
+    which each step of speculation began, and the calls."""
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=4, probe_max=16, cold_batch=8))
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(8)]
+    done, calls, speculated = 0, 0, []
+    while done < forwards:
+        plain = guard.plain(views)[0]
+        n = min(guard.hold, cap) if plain else 1
+        assert n >= 1 and (plain or guard.hold == 1)
+        if not plain:
+            speculated.append(done)
+        outcomes = tuple(RequestOutcome(v.request_id, False, StepChoice(None) if plain
+                                        else StepChoice("draft-code", 4), 0 if plain else 4,
+                                        0 if plain else 1, n if plain else 2, True)
+                         for v in views)
+        seconds = 0.01 * n if plain else 0.05
+        guard.weigh(StepOutcome(outcomes, None, 0.0, seconds, seconds, forwards=n))
+        done, calls = done + n, calls + 1
+    return speculated, calls
+
+
+def test_plain_steps_by_decision_hold_until_the_next_probe_each_forward_a_step() -> None:
+    """Plain steps decided, a step may run the plain forwards until the guard's next probe in
+    one call (``hold``); a call of n forwards counts n steps toward the probe, so speculation is
+    probed at the same forwards however many a call runs (the scheduler's cap), every
+    ``probe_max`` once decided, in fewer calls."""
+    one, calls_one = _held_run(cap=1, forwards=300)
+    four, calls_four = _held_run(cap=4, forwards=300)
+    held, calls_held = _held_run(cap=64, forwards=300)
+    for probes in (one, four, held):
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        assert len(gaps) > 12 and set(gaps[-12:]) == {16}  # probe_max forwards apart
+    assert one == four == held  # the cap changes the calls, not the decisions
+    assert calls_held < calls_four <= calls_one / 3
+
+
+def test_a_probe_of_speculation_that_drafts_nothing_is_a_held_plain_step() -> None:
+    """Plain steps decided, a probe of speculation in which the controller drafts nothing (k = 0
+    for every request) runs as a plain step held until the next probe, which comes after twice
+    the interval: such probes hold ever longer, up to ``probe_max``, and are not weighed as
+    speculation."""
+    guard = LossGuard(GuardConfig(min_steps=2, probe_min=4, probe_max=64, cold_batch=8))
+    views = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(8)]
+
+    def call(n: int, spec: bool) -> None:
+        outcomes = tuple(RequestOutcome(v.request_id, False, StepChoice("draft-code", 4)
+                                        if spec else StepChoice(None), 4 if spec else 0,
+                                        1 if spec else 0, 2 if spec else n, True) for v in views)
+        seconds = 0.05 if spec else 0.01 * n
+        guard.weigh(StepOutcome(outcomes, None, 0.0, seconds, seconds, forwards=n))
+
+    while guard.rates().get(KIND, (0, 0, True))[2]:  # speculation loses: plain decided
+        spec = not guard.plain(views)[0]
+        call(1 if spec else min(guard.hold, 4), spec)
+    before = guard.rates()[KIND]
+    holds = []
+    for _ in range(12):
+        if not guard.plain(views)[0]:  # a probe of speculation
+            assert guard.probing
+            guard.drafts_nothing()
+            assert not guard.probing
+            holds.append(guard.hold)
+        call(guard.hold, False)
+    assert len(holds) >= 4 and holds[:4] == [8, 16, 32, 64] and set(holds[4:]) <= {64}
+    assert guard.rates()[KIND][0] == before[0]  # speculation's side: nothing weighed

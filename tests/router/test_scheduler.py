@@ -202,6 +202,8 @@ class Recording(FixedPolicy):
         self.predict, self.stop_below = predict, stop_below
         self.ask: int | None = None
         """Every choice's ``StepChoice.ask``."""
+        self.hold = 1
+        """Every plan's ``StepPlan.hold``."""
         self.observed: list[tuple[str, StepChoice, int]] = []
         self.ranks: list = []
         self.scores: list[tuple[str, int, int]] = []
@@ -216,7 +218,7 @@ class Recording(FixedPolicy):
         if self.stop_below or self.ask is not None:
             plan = StepPlan([StepChoice(c.drafter, c.k, stop_below=self.stop_below, ask=self.ask)
                              if c.drafter else c for c in plan])
-        plan.prediction = self.predict
+        plan.prediction, plan.hold = self.predict, self.hold
         return plan
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -899,4 +901,23 @@ def test_requests_with_speculation_off_take_several_plain_steps_a_call() -> None
         assert tokens(events(x)) == tokens(events(y)) == expected(x.prompt, 20)
         by = {rid: {t.steps for t in queue.tasks() if t.request_id == rid} for rid in "xy"}
         assert by == {"x": {1}, "y": {1, 4, 3}}  # y: 1 + 4 x 4 + the last 3
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("drafter", [None, "fake"])
+def test_a_plain_plan_the_policy_holds_takes_several_plain_steps_a_call(drafter) -> None:
+    """A plan in which no request drafts, held by the policy for 3 forwards (``StepPlan.hold``:
+    the loss guard's plain steps until its next probe), runs that many a call within
+    ``plain_steps`` (a first step alone), the outcome counting its forwards; a plan that
+    drafts runs one step a call whatever its hold."""
+    async def go() -> None:
+        verifier, policy = FakeVerifier(), Recording(drafter, 4 if drafter else 0)
+        policy.hold = 3
+        sched = scheduler(policy, verifier=verifier, plain_steps=4)
+        sched.submit(r := request("p", max_tokens=8))
+        await steps(sched)
+        assert tokens(events(r)) == expected(r.prompt, 8)
+        asked = [t.steps for t in verifier.tasks()]
+        assert asked == ([1, 3, 3, 1] if drafter is None else [1] * len(asked))
+        assert [o.forwards for o in policy.outcomes] == asked
     asyncio.run(go())

@@ -65,8 +65,12 @@ class StepPlan(list):
     list), and the cost model's account of the step it chose."""
 
     def __init__(self, choices: Iterable[StepChoice] = (),
-                 prediction: StepPrediction | None = None) -> None:
+                 prediction: StepPrediction | None = None, hold: int = 1) -> None:
         super().__init__(choices)
         self.prediction = prediction
         """None without a cost model, or when the policy chose no request's k (every request in
         mode off, or naming its drafter and k)."""
+        self.hold = hold
+        """Plain forwards the policy lets a plan in which no request drafts or scores run in
+        one call before it decides again (the loss guard's plain steps until its next probe);
+        the scheduler runs at most ``SchedulerConfig.plain_steps``."""

@@ -21,8 +21,8 @@ the request's bandit chooses between the best-fitting drafter, seeded from what 
 earlier requests it fitted, the heads and the model-free ones. Every prior is on the scale of
 the population's measured goodput (``_prior_from_rate``). The first step earns no bandit reward.
 
-**Measured, not only predicted.** Per kind of step (batch size, greedy or sampled), the guard
-runs plain steps where speculating ones measure fewer tokens a second (``loss_guard.py``).
+**Measured, not only predicted.** Per kind of step the guard runs plain steps where speculating
+ones measure fewer tokens a second, held over several forwards a call (``loss_guard.py``).
 
 **Scoring.** Once a request has generated ``score_after`` tokens, each candidate it is not using
 scores them, seeding its acceptance estimate and bandit prior (``scoring_rounds.py``).
@@ -157,8 +157,11 @@ class LearnedPolicy:
             out.append(StepChoice(d, k, shape, score=score, stop_below=stop, ask=ask)
                        if d is not None and k > 0 else StepChoice(None, score=score))
         self.head_chains.planned(requests, out, heads)
+        if all(c.drafter is None for c in out):  # a probe of speculation that drafts nothing
+            self.guard.drafts_nothing()
         predicted = [k or p for k, p in zip(policy_k, plain)]  # a guard's k = 0 is predicted
-        return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill))
+        return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill),
+                        self.guard.hold)
 
     def _drafters(self, requests: list[RequestView], states: list[RequestState],
                   available: set[str], saving: float | None
@@ -314,9 +317,9 @@ class LearnedPolicy:
                 self.controller.observe(r.request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
-            if chosen is not None:  # the bandit's pick gave a plain step: one token, and its
-                self.selector.update(r.request_id, chosen, 1, draft_s + verify_s)  # evidence
-                self.controller.tracker.relax(r.request_id, chosen)  # ages
+            if chosen is not None:  # the bandit's pick gave a plain step: its tokens (several
+                self.selector.update(r.request_id, chosen, r.emitted or 1, draft_s + verify_s)
+                self.controller.tracker.relax(r.request_id, chosen)  # in a hold), and evidence ages
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(r.request_id, choice.drafter)
         self.selector.update(r.request_id, choice.drafter, accepted + 1, seconds)
@@ -348,8 +351,7 @@ class LearnedPolicy:
 
     def _fit_value(self, request_id: str, drafter: str, rate: float) -> float:
         """What ranks drafters for the prompt fit (``PromptFit.value``) and runner-up rounds:
-        with ``fit_by_goodput`` and a cost model the goodput predicted at acceptance ``rate``,
-        else the rate itself."""
+        with ``fit_by_goodput`` and a cost model the goodput at acceptance ``rate``, else it."""
         state = self._requests.get(request_id)
         best = (self.controller.solo_goodput(request_id, drafter, rate,
                                              state.ctx if state is not None else 0)
@@ -374,14 +376,12 @@ class LearnedPolicy:
         self.selector.set_prior(request_id, drafter, best, self.cfg.score_trials)
 
     def set_cost_model(self, cost: CostModel | None) -> None:
-        """Plan with ``cost`` from now on (calibration starts again from it)."""
-        self.controller.set_cost(cost)
+        self.controller.set_cost(cost)  # calibration starts again from it
 
     def _calibrate(self, prediction: StepPrediction, draft_s: Mapping[str, float],
                    rest_s: float) -> None:
-        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``), but
-        not its verification when drafters scored meanwhile (work the model does not count):
-        that step fits what scoring adds (``scoring_cost.py``) instead."""
+        """Calibrate the cost model on the served step (``SpecLengthController.calibrate``); a
+        step whose drafters scored meanwhile fits what scoring adds (``scoring_cost.py``)."""
         self.controller.calibrate(prediction, draft_s, rest_s, verification=not (
             prediction.scoring_work[0] or prediction.prefill_tokens))
         if prediction.scoring_work[0]:  # what the scoring calls added to the verification

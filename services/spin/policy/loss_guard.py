@@ -27,7 +27,7 @@ speculating steps against its kind's plain ones (a lone decoding step costs the 
 it is), since whether speculation pays one request alone is its own matter (before 2026-11-28
 one request on which the head accepted 0-1 token a step decided plain steps for the 8 after it).
 Its speculating side is the drafter's it uses now, each drafter's starting from its kind's as a
-prior worth ``min_steps`` steps (``_Side.prior``): a sampled step gives 1 to k + 1 tokens, and
+prior worth ``min_steps`` steps (``Side.prior``): a sampled step gives 1 to k + 1 tokens, and
 a request's first few alike had a standard error of about 0 (requests went plain for good after
 3-4 steps with the head, which at k = 4 measured 1.26x plain on those tuning prompts), while the
 bandit's exploring a drafter that loses is no evidence against the one it keeps (five sampled
@@ -56,6 +56,19 @@ tuning --prompts long`` such steps took 11-16 s of a 28-56 s cell unseen by the 
 Tried and worse (one ``spin bench grid`` run each): counting those steps, medians of per-step
 rates (a drafter's gains are heavy-tailed), windows of the last 16 steps.
 
+**Holds.** Where the guard's decision is plain steps, the policy lets the scheduler run the
+forwards until its next probe in one verification call (``hold``; at most
+``SchedulerConfig.plain_steps``, as for requests with speculation off): each forward counts
+toward the probe interval, and the call's tokens and seconds are one plain step's on its side,
+so speculation is weighed against plain steps as fast as they run (one call a token, auto lost
+0.80x-0.89x against speculation off's several a call at 32 requests: ``spin bench grid
+--concurrency 32``). A probe of speculation in which the controller drafts nothing (k = 0 for
+every request: the cost model prices speculation at a loss there) is a held plain step, and the
+next probe comes after twice the interval (such probes ran every fourth forward as a plain step
+of one forward: one call in two at 32 sampled requests). A probe of plain steps stays one
+forward: held as well, a request alone's probes turned it plain where it drafted well (a test
+of a mixed workload failed in 2 of 3 runs beside other tests).
+
 A decision changes only where the other side measures better by more than the standard error
 of the two rates' difference (each a ratio of discounted sums: the delta method): no threshold
 is set by hand."""
@@ -68,6 +81,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from .outcome import StepOutcome
+from .side import Side
 
 Decoding = Literal["greedy", "sampled", "mixed"]
 StepKind = tuple[int, Decoding]
@@ -112,70 +126,12 @@ class GuardConfig:
 
 
 @dataclass
-class _Side:
-    """Discounted tokens and seconds of one side's steps."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    weight: float = 0.0
-    """Discounted count of the steps."""
-    steps: int = 0
-    squares: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
-    """Discounted sums of tokens², tokens x seconds and seconds² of the steps, and of the
-    squared weights (decay² a step): the rate's standard error (``variance``)."""
-
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
-        self.tokens = decay * self.tokens + tokens
-        self.seconds = decay * self.seconds + seconds
-        self.weight = decay * self.weight + 1.0
-        tt, ts, ss, w2 = self.squares
-        self.squares = (decay * tt + tokens * tokens, decay * ts + tokens * seconds,
-                        decay * ss + seconds * seconds, decay * decay * w2 + 1.0)
-        self.steps += 1
-
-    @property
-    def variance(self) -> float:
-        """The variance of ``rate``, a ratio of sums: the weighted mean square of the steps'
-        residuals tokens - rate x seconds, times the sum of squared weights, over the squared
-        sum of seconds (the delta method; 0 before two steps)."""
-        if self.steps < 2 or self.seconds <= 0:
-            return 0.0
-        tt, ts, ss, w2 = self.squares
-        r = self.rate
-        residual = max(0.0, tt - 2 * r * ts + r * r * ss) / self.weight
-        return residual * w2 / (self.seconds * self.seconds)
-
-    def prior(self, steps: int) -> _Side:
-        """This side's rate and spread as a prior worth at most ``steps`` steps (no steps of
-        its own): its sums scaled to that weight, its effective count set to it."""
-        w = min(float(steps), self.weight)
-        if w <= 0:
-            return _Side()
-        f = w / self.weight
-        tt, ts, ss, _ = self.squares
-        return _Side(f * self.tokens, f * self.seconds, w, 0, (f * tt, f * ts, f * ss, w))
-
-    def charge(self, seconds: float) -> None:
-        """Seconds this side's steps cost outside them (no tokens, no step)."""
-        self.seconds += seconds
-
-    @property
-    def step_s(self) -> float:
-        """Mean seconds of a step."""
-        return self.seconds / self.weight if self.weight > 0 else 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
 class _Kind:
     """What the guard knows of one kind of step."""
 
-    spec: _Side = field(default_factory=_Side)
-    off: _Side = field(default_factory=_Side)
-    plain_pred: _Side = field(default_factory=_Side)
+    spec: Side = field(default_factory=Side)
+    off: Side = field(default_factory=Side)
+    plain_pred: Side = field(default_factory=Side)
     """The speculating steps' batch sizes (one token each) and the cost model's predicted
     seconds of each at k = 0: the plain side until plain steps are measured (``saving``)."""
     speculate: bool = True
@@ -185,7 +141,7 @@ class _Kind:
     since_probe: int = 0
     """Steps since the last probe."""
     drafter: str | None = None  # a request alone's: the drafter of ``spec`` (module doc)
-    others: dict[str, _Side] = field(default_factory=dict)  # and its other drafters' sides
+    others: dict[str, Side] = field(default_factory=dict)  # and its other drafters' sides
 
     def decided(self, min_steps: int) -> bool:
         """Both sides measured enough for the comparison."""
@@ -219,9 +175,14 @@ class LossGuard:
         follows a plain step of the guard's, from ``plain`` to ``weigh``."""
         self._held: set[str] = set()
         """The requests the guard's last decided step ran plain."""
+        self._probe: tuple[_Kind, set[str]] | None = None
+        """The record and requests of the probe of speculation ``plain`` last decided."""
         self._solo: dict[str, _Kind] = {}
         """Request id -> its record when it steps alone: its own speculating side, its kind's
         plain side (the same object; module doc: one request)."""
+        self.hold = 1
+        """Forwards the step ``plain`` last decided may run before the guard decides again:
+        where the decision is plain steps, those until its next probe (module doc: holds)."""
         self.probing = False
         """The step ``plain`` last decided speculates where the decision is plain steps: a
         probe, which the policy runs without its scoring calls (they are not speculation's
@@ -232,7 +193,7 @@ class LossGuard:
         requests all in mode auto whose kind measures speculation at a loss. A step without a
         prefill is decided (probes too) and weighed when it reports (``weigh``); where a
         request prefills, the decision holds and the step is not weighed."""
-        self.probing = False
+        self.probing, self.hold, self._probe = False, 1, None
         if not all(r.mode == "auto" for r in requests):
             return [False] * len(requests)
         kind = step_kind([r.greedy for r in requests])
@@ -246,26 +207,42 @@ class LossGuard:
             self._weighed[ids] = kind, any(rid in self._held for rid in ids)
             speculate = self.speculate(kind, rec)
             self.probing = speculate and not rec.speculate
+            if not (speculate or rec.speculate):  # plain by decision: until the next probe
+                self.hold = max(1, rec.interval - rec.since_probe)
             self._held = set() if speculate else set(ids)
+            self._probe = (rec, set(ids)) if self.probing else None
         return [not speculate] * len(requests)
+
+    def drafts_nothing(self) -> None:
+        """The probe of speculation ``plain`` last decided drafts nothing (the controller gave
+        every request k = 0): a plain step as decided, held until the next probe, which comes
+        after twice the interval, as after a probe that confirmed plain steps (module doc:
+        holds)."""
+        if self._probe is None:
+            return
+        rec, self._held = self._probe
+        self.probing, self._probe = False, None
+        rec.interval = min(2 * rec.interval, self.cfg.probe_max)
+        self.hold = max(1, rec.interval - rec.since_probe)
 
     def weigh(self, outcome: StepOutcome) -> None:
         """A step ``plain`` decided has run: its tokens and seconds on its side, when every
         request in it was verified."""
-        kind, after_plain = self._weighed.pop(tuple(r.request_id for r in outcome.requests),
-                                              (None, False))
+        ids = tuple(r.request_id for r in outcome.requests)
+        kind, after_plain = self._weighed.pop(ids, (None, False))
         if kind is None:
             self._charge_scoring(outcome)
         elif after_plain and any(r.asked for r in outcome.requests):
             # a head's transition (module doc): weighed on neither side
-            k = self._record(kind, tuple(r.request_id for r in outcome.requests))
+            k = self._record(kind, ids)
             if not k.speculate:  # a probe of speculation: one more step verifies the chain
                 k.since_probe = max(k.since_probe, k.interval - 1)
         elif all(r.verified for r in outcome.requests):
             speculated = any(r.choice.drafter or r.asked for r in outcome.requests)
+            if outcome.forwards > 1:  # a hold: each forward a step toward the next probe
+                self._record(kind, ids).since_probe += outcome.forwards - 1
             self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
-                         outcome.step_s, tuple(r.request_id for r in outcome.requests),
-                         outcome.requests[0].choice.drafter)
+                         outcome.step_s, ids, outcome.requests[0].choice.drafter)
             plain_s = outcome.prediction.plain_s if outcome.prediction is not None else 0.0
             if speculated and plain_s > 0:  # (NaN: no prediction of it)
                 self._kind(kind).plain_pred.add(len(outcome.requests), plain_s, self.cfg.decay)
@@ -382,7 +359,7 @@ class LossGuard:
         requests speculating steps measured 2.37x plain ones at one request, 0.42x at 32-63)."""
         n = self.cfg.min_steps
 
-        def plain(k: _Kind) -> _Side | None:
+        def plain(k: _Kind) -> Side | None:
             side = k.off if k.off.steps >= n and k.off.rate > 0 else k.plain_pred
             return side if side.rate > 0 and k.spec.steps >= n and k.spec.rate > 0 else None
 

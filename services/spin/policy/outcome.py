@@ -118,6 +118,10 @@ class StepOutcome:
     """The verifier's own seconds for the batch."""
     drafters_called: Mapping[str, bool] = field(default_factory=dict)
     """Drafter services called this step -> whether they answered."""
+    forwards: int = 1
+    """Target forwards the call ran for a request at most: several for plain steps held
+    (``StepPlan.hold``) or with speculation off; the step's tokens and seconds are all of
+    them."""
 
     @property
     def batch_size(self) -> int:

@@ -40,9 +40,10 @@ class SchedulerConfig:
     pipeline); 1 = draft, then verify, the whole batch."""
     plain_steps: int = 4
     """Plain decoding steps one verification call runs for a micro-batch whose requests all have
-    speculation off (and no grammar), while no request waits for admission: one round trip to
-    the verifier and one router step per this many tokens (as vLLM's multi-step scheduling).
-    Tokens then reach the client this many at a time; 1: one call per token."""
+    speculation off, or that the policy runs plain until it decides again (the loss guard's
+    plain steps: ``StepPlan.hold``), with no grammar, while no request waits for admission: one
+    round trip to the verifier and one router step per this many tokens (as vLLM's multi-step
+    scheduling). Tokens then reach the client this many at a time; 1: one call per token."""
     step_trace: str | None = None
     """A file every verified step is appended to, one JSON object a line: what each request
     drafted and accepted, the step's measured times and the cost model's prediction of them

@@ -194,7 +194,7 @@ class Scheduler:
         # scoring calls do not feed this step's trees: they run while the verifier works
         scoring = asyncio.ensure_future(self._call(self._scorers(reqs, plan), "score"))
         allowed = constrain(reqs, trees, asks)  # structured output: the grammar's rows
-        plain_steps = self._plain_steps(reqs, trees or asks or allowed)
+        plain_steps = self._plain_steps(reqs, plan, trees or asks or allowed)
         eos = self.stream.eos_id
         tasks = []
         for r in reqs:
@@ -232,22 +232,27 @@ class Scheduler:
         step = StepOutcome((), prediction, t1 - t0, t2 - t1, 0.0,
                            {n: head_s.get(n, p.seconds) for n, p in drafts.items()},
                            reply.verify_seconds - sum(head_s.values()) if reply is not None
-                           else 0.0, called)
+                           else 0.0, called, max(t.steps for t in tasks))
         self._apply(reqs, plan, reply, trees, {rid for rid, a in asks.items() if a.k > 0},
                     scores, step, t0)
         if reply is None:
             await asyncio.sleep(0.1)  # the client retries on its back-off; do not spin meanwhile
 
-    def _plain_steps(self, reqs: list[RouterRequest], drafting: object) -> int:
+    def _plain_steps(self, reqs: list[RouterRequest], plan: StepPlan, drafting: object) -> int:
         """Plain steps this lane's verification call runs (``SchedulerConfig.plain_steps``):
-        more than one only when every request has speculation off and no grammar, none drafts
-        (``drafting`` falsy: a head's ask), and no request waits for admission (the call holds
-        the lane). The policy's own plain steps stay one a call: it decides again after each."""
+        more than one only when none drafts (``drafting`` falsy: a head's ask), no request has a
+        grammar or waits for admission (the call holds the lane), and either every request has
+        speculation off or the policy's plan, in which none drafts or scores, holds that long
+        (``StepPlan.hold``: the loss guard's plain steps until its next probe)."""
         if self.cfg.plain_steps <= 1 or drafting or self.waiting:
             return 1
-        if any(r.params.mode != "off" or r.constraint is not None for r in reqs):
+        if any(r.constraint is not None for r in reqs):
             return 1
-        return self.cfg.plain_steps
+        if all(r.params.mode == "off" for r in reqs):
+            return self.cfg.plain_steps
+        if any(c.drafter is not None or c.score for c in plan):
+            return 1
+        return max(1, min(plan.hold, self.cfg.plain_steps))
 
     def _view(self, r: RouterRequest) -> RequestView:
         """What the policy may know of ``r`` (whether each model-free proposer would draft: they

@@ -66,8 +66,9 @@ so speculation is weighed against plain steps as fast as they run (one call a to
 every request: the cost model prices speculation at a loss there) is a held plain step, and the
 next probe comes after twice the interval (such probes ran every fourth forward as a plain step
 of one forward: one call in two at 32 sampled requests). A probe of plain steps stays one
-forward: held as well, a request alone's probes turned it plain where it drafted well (a test
-of a mixed workload failed in 2 of 3 runs beside other tests).
+forward: held as well, it keeps a request alone plain for several forwards where it may draft
+well (a test of a mixed workload failed more often so, though that test's drafting then also
+followed the machine's load).
 
 A decision changes only where the other side measures better by more than the standard error
 of the two rates' difference (each a ratio of discounted sums: the delta method): no threshold

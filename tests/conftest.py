@@ -79,7 +79,7 @@ def _idle_cost_model(path: Path) -> str:
     from spin.timing.cost_model import CostModel
 
     cost = CostModel(verify=(7.5e-3, 1.6e-4, 2.3e-4, 6.5e-6, 0.0, 9.3e-4),
-                     draft={name: IDLE_DRAFT_COSTS[name] for name in family_members(FAMILY_DIR)})
+                     draft=dict(IDLE_DRAFT_COSTS))
     cost.save(path)
     return str(path)
 

@@ -636,6 +636,37 @@ def test_a_held_request_probes_its_drafter_with_k_1(drafter: str) -> None:
         policy.close()
 
 
+def test_a_plain_plan_holds_and_each_held_forward_counts_toward_the_k_1_probe() -> None:
+    """Where the controller gives every request k = 0 after its first step, the plan holds
+    (``StepPlan.hold``: as many forwards as the scheduler runs), not on the first step (its
+    prefill); each forward of a held call counts toward the k = 1 probe (``probe_every``), so
+    the probes come every ``probe_every`` forwards however many a call runs (counted a call at
+    a time, 4 forwards a call probed once in 60 forwards)."""
+    pop = {"draft-code": _stats(100, 10)}  # accepts 0.1 a token: the controller holds k = 0
+    policy = LearnedPolicy(learned_config({"score_after": 0, "probe_every": 8}), _cost(),
+                           population=lambda: pop)
+    try:
+        first = policy.choose([_generated("p", 0)], {"draft-code"})
+        assert first[0].k == 0 and first.hold == 1
+        observe(policy, "p", first[0], 0, 0.0, 0.010)
+        g, probes = 1, []
+        while g < 60:
+            plan = policy.choose([_generated("p", g)], {"draft-code"})
+            if plan[0].k:
+                probes.append(g)
+                observe(policy, "p", plan[0], 0, 0.001, 0.010)
+                g += 1
+                continue
+            assert plan.hold > 4
+            held = RequestOutcome("p", True, StepChoice(None), 0, 0, 4, True)
+            policy.observe(StepOutcome((held,), None, 0.0, 0.04, 0.04, forwards=4))
+            g += 4
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        assert len(probes) >= 4 and max(gaps) <= 8 + 1, probes
+    finally:
+        policy.close()
+
+
 def test_a_heads_chain_is_verified_when_the_controller_stops_drafting(monkeypatch) -> None:
     """The chain a head drafted for a request's coming step is verified even where the
     controller gives the request k = 0 (``StepChoice.ask`` = 0: no new chain), then the request

@@ -498,3 +498,39 @@ def test_a_probe_of_speculation_that_drafts_nothing_is_a_held_plain_step() -> No
         call(guard.hold, False)
     assert len(holds) >= 4 and holds[:4] == [8, 16, 32, 64] and set(holds[4:]) <= {64}
     assert guard.rates()[KIND][0] == before[0]  # speculation's side: nothing weighed
+
+
+def test_a_step_without_drafts_holds_and_only_plain_steps_by_decision_advance_the_probe() -> None:
+    """A step in which no request drafts, scores or prefills is held (``drafts_nothing``):
+    where speculation is decided (a probe of plain steps, the controller's k = 0 for every
+    request) for ``probe_max`` forwards, whose further forwards are no steps toward the next
+    probe; where plain steps are decided until that probe. Counted toward it, a request alone
+    whose held probe of plain steps ran 4 forwards was probed plain again at once, and again,
+    its speculating side never measured enough to decide: plain for good."""
+    guard = LossGuard(GuardConfig(min_steps=4, probe_min=4, probe_max=64))
+    alone = [RequestView("solo", 300, 10, 200, False)]
+    calls = []
+    for _ in range(60):
+        spec = not guard.plain(alone)[0]
+        if spec:  # 3 tokens in 20 ms: 150 tokens/s
+            outcome = RequestOutcome("solo", False, StepChoice("draft-code", 2), 2, 2, 3, True)
+            guard.weigh(StepOutcome((outcome,), None, 0.0, 0.02, 0.02))
+        else:  # held: 4 forwards at 10 ms each, 100 tokens/s
+            guard.drafts_nothing(steady=True)
+            assert guard.hold == 64
+            n = min(guard.hold, 4)
+            outcome = RequestOutcome("solo", False, StepChoice(None), 0, 0, n, True)
+            guard.weigh(StepOutcome((outcome,), None, 0.0, 0.01 * n, 0.01 * n, forwards=n))
+        calls.append(spec)
+    assert calls[20:].count(False) <= 2 and guard.rates()[step_kind([False])][2] is True
+    guard.plain(alone)
+    guard.drafts_nothing(steady=False)  # a step that scores or prefills: one forward
+    assert guard.hold == 1
+
+    batch = [RequestView(f"r{i}", 300, 10, 200, False) for i in range(8)]
+    run(guard, 40, spec_rate=80.0, off_rate=100.0)  # plain decided for batches of 8
+    while not guard.plain(batch)[0]:
+        pass
+    decided = guard.hold  # until the next probe
+    guard.drafts_nothing(steady=True)
+    assert guard.hold == decided < 64

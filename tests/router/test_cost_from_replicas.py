@@ -106,13 +106,15 @@ def test_a_router_plans_with_the_model_its_verifier_reports(family_dir: Path,
             "64", "--policy-config", json.dumps(config)), tmp_path, ENV)
         router.wait_ready(120)
         endpoint = f"127.0.0.1:{router.port}"
-        # a cost model is in use: every step predicted, but plain steps the guard held (several
-        # forwards a call, ``StepPlan.hold``), which nothing calibrates on
+        # a cost model is in use: every step predicted, but the calls of held plain steps
+        # (several forwards a call, ``StepPlan.hold``; a request finishing in one may have run
+        # one), which nothing calibrates on: a call's steps share its time
         alone = _steps(endpoint, 1)
         assert all(s.predicted_step_seconds > 0 for s in alone if s.forwards == 1)
         busy = [s for s in _steps(endpoint, 64) if s.batch_size >= 16]
+        held = {s.step_seconds for s in busy if s.forwards > 1}
         assert len(busy) > 64 and all(s.predicted_step_seconds > 0 for s in busy
-                                      if s.forwards == 1)
+                                      if s.step_seconds not in held)
         if min(lone) > max(busy_range):  # longer alone
             assert any(s.k > max(busy_range) and s.batch_size == 1 for s in alone)
             assert all(s.k <= max(busy_range) for s in busy), ({s.k for s in busy}, tables)

@@ -149,16 +149,15 @@ class LearnedPolicy:
                      self.scoring.scorers(r, s, d, cands.get(r.request_id, set()) - heads,
                                           available - heads))
             score = self.scoring.priced(r, s, d, score, pay, self.scoring_cost)
-            s.ctx = r.context_len
-            if r.generated == 0:
-                s.prefill = True
+            s.ctx, s.prefill = r.context_len, s.prefill or r.generated == 0
             stop = (self.cfg.stop_below if (chosen_k or r.early_stop) and d not in MODEL_FREE
                     and not shape else 0.0)
             out.append(StepChoice(d, k, shape, score=score, stop_below=stop, ask=ask)
                        if d is not None and k > 0 else StepChoice(None, score=score))
         self.head_chains.planned(requests, out, heads)
-        if all(c.drafter is None for c in out):  # a probe of speculation that drafts nothing
-            self.guard.drafts_nothing()
+        if all(c.drafter is None for c in out):  # a plain step: held (``LossGuard.hold``)
+            self.guard.drafts_nothing(all(r.generated and not c.score
+                                          for r, c in zip(requests, out)))
         predicted = [k or p for k, p in zip(policy_k, plain)]  # a guard's k = 0 is predicted
         return StepPlan(out, self._prediction(requests, states, out, batch, predicted, prefill),
                         self.guard.hold)
@@ -317,15 +316,16 @@ class LearnedPolicy:
                 self.controller.observe(r.request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
+            state.idle += max(0, r.emitted - 1)  # a hold's further forwards: steps at k = 0
             if chosen is not None:  # the bandit's pick gave a plain step: its tokens (several
                 self.selector.update(r.request_id, chosen, r.emitted or 1, draft_s + verify_s)
-                self.controller.tracker.relax(r.request_id, chosen)  # in a hold), and evidence ages
+                for _ in range(max(1, r.emitted)):  # in a hold), evidence aging a forward each
+                    self.controller.tracker.relax(r.request_id, chosen)
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(r.request_id, choice.drafter)
         self.selector.update(r.request_id, choice.drafter, accepted + 1, seconds)
         self.controller.observe(r.request_id, choice.drafter, choice.k, first)
-        rejected = float(accepted < choice.k)  # the chain stops at its first rejection
-        self.fit.record(r.request_id, choice.drafter, accepted, rejected)
+        self.fit.record(r.request_id, choice.drafter, accepted, float(accepted < choice.k))
 
     def _observe_score(self, request_id: str, score: Score) -> None:
         """Seed the request's acceptance estimate and bandit prior of the drafter from its

@@ -73,7 +73,8 @@ class LearnedPolicyConfig:
     refresh_s: float = 5.0
     """How often the population statistics are re-read (in a background thread)."""
     probe_every: int = 16
-    """Steps at k = 0 after which a request probes once with k = 1."""
+    """Steps at k = 0 after which a request probes once with k = 1 (each forward of a held
+    plain call a step: ``LossGuard.hold``)."""
     score_after: int = 4
     """Generated tokens after which every unused candidate scores the request's output (see the
     module doc); 0 = never (and no prompt fit)."""

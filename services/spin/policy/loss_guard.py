@@ -65,10 +65,13 @@ so speculation is weighed against plain steps as fast as they run (one call a to
 --concurrency 32``). A probe of speculation in which the controller drafts nothing (k = 0 for
 every request: the cost model prices speculation at a loss there) is a held plain step, and the
 next probe comes after twice the interval (such probes ran every fourth forward as a plain step
-of one forward: one call in two at 32 sampled requests). A probe of plain steps stays one
-forward: held as well, it keeps a request alone plain for several forwards where it may draft
-well (a test of a mixed workload failed more often so, though that test's drafting then also
-followed the machine's load).
+of one forward: one call in two at 32 sampled requests). Any other step in which no request
+drafts, scores or prefills is held as well, for as many forwards as the scheduler runs: a probe
+of plain steps (so plain steps are measured as they run), and a step the controller gave k = 0
+for every request where the guard speculates (on ``spin bench grid --split tuning
+--concurrency 1 --temperatures 0.8``, 342 of 1021 steps of lone sampled requests were such
+steps, one forward each at 68 tokens/s of step, where speculation off ran 4 forwards a call at
+about 100 and speculating steps measured 99: auto 0.948x off).
 
 A decision changes only where the other side measures better by more than the standard error
 of the two rates' difference (each a ratio of discounted sums: the delta method): no threshold
@@ -176,6 +179,8 @@ class LossGuard:
         follows a plain step of the guard's, from ``plain`` to ``weigh``."""
         self._held: set[str] = set()
         """The requests the guard's last decided step ran plain."""
+        self._decided = False
+        """The step ``plain`` last decided runs plain by decision (held until the next probe)."""
         self._probe: tuple[_Kind, set[str]] | None = None
         """The record and requests of the probe of speculation ``plain`` last decided."""
         self._solo: dict[str, _Kind] = {}
@@ -194,7 +199,7 @@ class LossGuard:
         requests all in mode auto whose kind measures speculation at a loss. A step without a
         prefill is decided (probes too) and weighed when it reports (``weigh``); where a
         request prefills, the decision holds and the step is not weighed."""
-        self.probing, self.hold, self._probe = False, 1, None
+        self.probing, self.hold, self._probe, self._decided = False, 1, None, False
         if not all(r.mode == "auto" for r in requests):
             return [False] * len(requests)
         kind = step_kind([r.greedy for r in requests])
@@ -208,18 +213,22 @@ class LossGuard:
             self._weighed[ids] = kind, any(rid in self._held for rid in ids)
             speculate = self.speculate(kind, rec)
             self.probing = speculate and not rec.speculate
-            if not (speculate or rec.speculate):  # plain by decision: until the next probe
+            self._decided = not (speculate or rec.speculate)
+            if self._decided:  # plain by decision: until the next probe
                 self.hold = max(1, rec.interval - rec.since_probe)
             self._held = set() if speculate else set(ids)
             self._probe = (rec, set(ids)) if self.probing else None
         return [not speculate] * len(requests)
 
-    def drafts_nothing(self) -> None:
-        """The probe of speculation ``plain`` last decided drafts nothing (the controller gave
-        every request k = 0): a plain step as decided, held until the next probe, which comes
-        after twice the interval, as after a probe that confirmed plain steps (module doc:
-        holds)."""
+    def drafts_nothing(self, steady: bool = True) -> None:
+        """The step ``plain`` last decided drafts nothing (the controller gave every request
+        k = 0, or the guard ran it plain). A probe of speculation so is a plain step as decided,
+        held until the next probe, which comes after twice the interval, as after a probe that
+        confirmed plain steps; any other such step, ``steady`` (no prompt prefilled, none
+        scored), is held for ``probe_max`` forwards at most (module doc: holds)."""
         if self._probe is None:
+            if steady and not self._decided:
+                self.hold = self.cfg.probe_max
             return
         rec, self._held = self._probe
         self.probing, self._probe = False, None
@@ -240,8 +249,9 @@ class LossGuard:
                 k.since_probe = max(k.since_probe, k.interval - 1)
         elif all(r.verified for r in outcome.requests):
             speculated = any(r.choice.drafter or r.asked for r in outcome.requests)
-            if outcome.forwards > 1:  # a hold: each forward a step toward the next probe
-                self._record(kind, ids).since_probe += outcome.forwards - 1
+            rec = self._record(kind, ids)
+            if outcome.forwards > 1 and not rec.speculate:  # plain by decision: each forward
+                rec.since_probe += outcome.forwards - 1  # a step toward the next probe
             self.observe(kind, speculated, sum(r.emitted for r in outcome.requests),
                          outcome.step_s, ids, outcome.requests[0].choice.drafter)
             plain_s = outcome.prediction.plain_s if outcome.prediction is not None else 0.0

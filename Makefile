@@ -34,12 +34,12 @@ redis:
 tools:
 	scripts/deploy-tools.sh
 
-## Every check, the test files spread over TEST_WORKERS processes (0: one process), then the
-## timing-sensitive ones again on a busy machine (test-busy).
+## Every check, the test files spread over TEST_WORKERS processes (0: one process): all but the
+## timing-sensitive ones, then those on a busy machine (test-busy).
 ## pytest's exit code 5 (no tests collected) is a failure too.
 TEST_WORKERS ?= 2
 test: setup redis tools
-	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25; rc=$$?; \
+	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not timing" --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 	@$(MAKE) --no-print-directory test-busy
 

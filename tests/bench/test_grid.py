@@ -65,7 +65,12 @@ def test_the_command_refuses_what_it_cannot_run() -> None:
                           (["--fixed", "draft-code"], "--fixed wants DRAFTER:K"),
                           (["--temperatures", "3"], "temperatures must be in [0, 2]"),
                           (["--concurrency", "1,0"], "must be > 0"),
-                          (["--policy-config", "{\"nope\": 1}"], "unknown learned-policy")):
+                          (["--policy-config", "{\"nope\": 1}"], "unknown learned-policy"),
+                          (["--variant", "{}"], "--variant wants LABEL=JSON"),
+                          (["--variant", "off={}"], "label 'off' is taken"),
+                          (["--variant", "a={}", "--variant", "a={}"], "label 'a' is taken"),
+                          (["--variant", "g={\"guard\": {\"nope\": 1}}"],
+                           "--variant g: unknown guard setting")):
         r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", *args],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
@@ -82,3 +87,27 @@ def test_tuning_runs_time_other_prompts_than_the_reported_ones() -> None:
         tuning = {r.prompt for r in grid_rows(GridConfig(split="tuning"), prompts, 64)}
         evaluation = {r.prompt for r in grid_rows(GridConfig(), prompts, 64)}
         assert tuning and evaluation and not tuning & evaluation, prompts
+
+
+def test_a_variant_is_auto_on_a_deployment_of_its_own_with_its_settings_merged() -> None:
+    """``--variant``: auto with other settings, a mode of its own, its overrides applied key by
+    key over ``--policy-config`` (the other settings of a nested group kept)."""
+    from spin.bench.grid import policy_config
+
+    cfg = GridConfig(policy_config={"guard": {"probe_min": 2}, "trees": False},
+                     variants={"slow": {"guard": {"decay": 0.9}}, "bare": {}}, repeat_off=True)
+    assert modes(cfg) == [("off", "off", 0), ("auto", "auto", 0), ("slow", "auto", 0),
+                          ("bare", "auto", 0), (OFF_AGAIN, "off", 0)]
+    assert policy_config(cfg, "slow") == {"guard": {"probe_min": 2, "decay": 0.9},
+                                          "trees": False}
+    assert policy_config(cfg, "auto") == policy_config(cfg, "bare") == cfg.policy_config
+    assert cfg.policy_config == {"guard": {"probe_min": 2}, "trees": False}  # not mutated
+    mode = {"tokens_per_s": 10.0, "mean_latency_s": 1.0}
+    cell = {"prompts": "short", "temperature": 0.0, "concurrency": 8, "auto_over_off": 1.0,
+            "modes": {"off": mode, "auto": mode}, "off_again_over_off": 1.0,
+            "variants": {"slow": {"over_auto": 0.5, "over_off": 0.5},
+                         "bare": {"over_auto": 1.25, "over_off": 1.25}}}
+    lines = table({"config": {"fixed": None, "repeat_off": True, "variants": cfg.variants},
+                   "cells": [cell]}).splitlines()
+    assert "| slow / auto | bare / auto | off again / off |" in lines[0]
+    assert lines[2].endswith("| 0.500x | 1.250x | 1.000x |")

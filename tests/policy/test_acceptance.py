@@ -112,6 +112,13 @@ def test_a_held_requests_estimate_ages_back_to_the_population_rate() -> None:
     assert all(a < b for a, b in zip(seen, seen[1:])) and seen[-1] == pytest.approx(0.7, abs=0.01)
     t.relax("r", "draft-code")  # never drafted for it: nothing to age
     assert t.get("r", "draft-code") == t.prior("draft-code", "r")
+    u = AcceptanceTracker(ControllerConfig(ema=0.3, prior_trials=2.0))  # a held call of 5
+    u.set_population({"eagle": 0.7})  # forwards ages as 5 held steps do, in one go
+    u.begin("r", greedy=True)
+    u.update("r", "eagle", 4, 2)
+    u.update("r", "eagle", 4, 0)
+    u.relax("r", "eagle", 5)
+    assert u.get("r", "eagle") == pytest.approx(seen[5], rel=1e-9)
 
 
 def test_a_sampling_requests_steps_count_alike_and_its_prior_is_never_spent() -> None:

@@ -6,7 +6,9 @@ statistics in its own Redis), configured alike, which serves it in every cell; a
 set, a temperature and a concurrency, and in each the same requests run with speculation off,
 auto, and (``--fixed NAME:K``) one fixed configuration, one mode after the other, each at that
 concurrency with every request at once (``loadgen``'s closed loop), ``rounds`` times with the
-order of the modes reversed every other pass.
+order of the modes reversed every other pass. ``--variant LABEL=JSON`` adds auto with other
+learned-policy settings as a mode of its own (its deployment configured with them): a constant's
+candidates are compared side by side in one run, each against auto and off of the same passes.
 
 A deployment per mode because the grid repeats itself where traffic does not: each mode sends
 the same requests, every pass and cell sends them again. On one deployment the mode that runs
@@ -95,6 +97,10 @@ class GridConfig:
     beside it, its label added to the name: ``-off``, ``-off-again``); None: none."""
     suffix_decoding: bool = False
     """Offer suffix decoding in the deployments (module doc: off, repeated prompts flatter it)."""
+    variants: dict[str, dict] = field(default_factory=dict)
+    """Auto with other learned-policy settings, each a mode of its own: label -> overrides,
+    applied over ``policy_config`` (how a constant's candidates are compared on the tuning
+    split, in one run)."""
 
     @property
     def new_tokens(self) -> int:
@@ -117,8 +123,23 @@ def modes(cfg: GridConfig) -> list[tuple[str, str, int]]:
     out = [("off", "off", 0), ("auto", "auto", 0)]
     if cfg.fixed is not None:
         out.append((f"{cfg.fixed[0]}:k{cfg.fixed[1]}", cfg.fixed[0], cfg.fixed[1]))
+    out += [(label, "auto", 0) for label in cfg.variants]
     if cfg.repeat_off:
         out.append((OFF_AGAIN, "off", 0))
+    return out
+
+
+def policy_config(cfg: GridConfig, label: str) -> dict:
+    """The learned policy's overrides of mode ``label``'s deployment: ``cfg.policy_config``,
+    and a variant's own over it (nested settings merged key by key)."""
+    return _merged(cfg.policy_config, cfg.variants.get(label, {}))
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
     return out
 
 
@@ -159,6 +180,11 @@ def _cell(endpoints: Mapping[str, str], cfg: GridConfig, bench: PolicyBenchConfi
         cell["auto_over_fixed"] = m["auto"]["tokens_per_s"] / fixed
     if cfg.repeat_off:
         cell["off_again_over_off"] = m[OFF_AGAIN]["tokens_per_s"] / m["off"]["tokens_per_s"]
+    if cfg.variants:
+        cell["variants"] = {
+            label: {"over_auto": m[label]["tokens_per_s"] / m["auto"]["tokens_per_s"],
+                    "over_off": m[label]["tokens_per_s"] / m["off"]["tokens_per_s"]}
+            for label in cfg.variants}
     cell["auto_latency_not_worse"] = m["auto"]["mean_latency_s"] <= m["off"]["mean_latency_s"]
     reference = outputs["off"][0]  # every greedy output of every pass and mode against it
     cell["greedy_mismatches"] = (sum(a != b for label in outputs for run in outputs[label]
@@ -192,7 +218,7 @@ def deployments(cfg: GridConfig, labels: list[str], stack: contextlib.ExitStack
     ``stack``: label -> its endpoint."""
     endpoints = {}
     for label in tqdm(labels, desc="deployments", unit="mode"):
-        router = RouterConfig(policy="learned", policy_config=cfg.policy_config,
+        router = RouterConfig(policy="learned", policy_config=policy_config(cfg, label),
                               scheduler=SchedulerConfig(step_trace=_trace(cfg, label),
                                                         suffix_decoding=cfg.suffix_decoding))
         emb = stack.enter_context(Embedded(ServeConfig(
@@ -230,13 +256,25 @@ def run_grid(cfg: GridConfig) -> dict:
                        "repeat_off": cfg.repeat_off,
                        "policy_config": cfg.policy_config, "split": cfg.split,
                        "rounds": cfg.rounds, "suffix_decoding": cfg.suffix_decoding,
-                       "deployments": "one per mode"},
+                       "variants": cfg.variants, "deployments": "one per mode"},
             "cells": cells, "min_auto_over_off": min(ratios),
             "median_auto_over_off": statistics.median(ratios),
             "greedy_mismatches": sum(c["greedy_mismatches"] or 0 for c in cells),
             **({"off_again_over_off_range": [min(c["off_again_over_off"] for c in cells),
                                              max(c["off_again_over_off"] for c in cells)]}
-               if cfg.repeat_off else {})}
+               if cfg.repeat_off else {}),
+            **({"variants": _variant_summary(cfg, cells)} if cfg.variants else {})}
+
+
+def _variant_summary(cfg: GridConfig, cells: list[dict]) -> dict:
+    """Each variant's median and minimum over the cells, against auto and against off."""
+    out = {}
+    for label in cfg.variants:
+        auto = [c["variants"][label]["over_auto"] for c in cells]
+        off = [c["variants"][label]["over_off"] for c in cells]
+        out[label] = {"median_over_auto": statistics.median(auto), "min_over_auto": min(auto),
+                      "median_over_off": statistics.median(off), "min_over_off": min(off)}
+    return out
 
 
 def table(report: dict) -> str:
@@ -245,6 +283,8 @@ def table(report: dict) -> str:
     head = "| prompts | temp | conc | off tok/s | auto tok/s | auto / off (each pass) |"
     head += " fixed tok/s | auto / fixed |" if fixed else ""
     head += " mean latency auto / off |"
+    variants = list(report["config"].get("variants") or ())
+    head += "".join(f" {label} / auto |" for label in variants)
     head += " off again / off |" if report["config"].get("repeat_off") else ""
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in report["cells"]:
@@ -256,6 +296,7 @@ def table(report: dict) -> str:
             label = f"{fixed[0]}:k{fixed[1]}"
             row += f" {m[label]['tokens_per_s']:.1f} | {c['auto_over_fixed']:.3f}x |"
         row += (f" {m['auto']['mean_latency_s']:.2f} / {m['off']['mean_latency_s']:.2f} s |")
+        row += "".join(f" {c['variants'][label]['over_auto']:.3f}x |" for label in variants)
         if "off_again_over_off" in c:
             row += f" {c['off_again_over_off']:.3f}x |"
         lines.append(row)

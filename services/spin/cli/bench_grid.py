@@ -8,7 +8,8 @@ import argparse
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
-from .flags import fail, policy_overrides, positive, positive_ints, temperatures, write_json
+from .flags import (check_policy_overrides, fail, policy_overrides, positive, positive_ints,
+                    temperatures, write_json)
 
 
 def add_dataset(bsub: argparse._SubParsersAction) -> None:
@@ -66,6 +67,10 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
                     help="a fixed configuration to compare too, chosen on the tuning split")
     bg.add_argument("--policy-config", default=None,
                     help="JSON overrides of the learned policy's settings")
+    bg.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                    help="auto with other learned-policy settings (JSON over --policy-config) "
+                    "as a mode of its own, on a deployment of its own: a constant's candidates "
+                    "side by side in one run (repeatable)")
     bg.add_argument("--json", default=None, help="write the report here")
     bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
     bg.add_argument("--trace", type=Path, default=None, metavar="FILE",
@@ -165,6 +170,31 @@ def _bench_rates(args: argparse.Namespace) -> int:
     return 0 if report["greedy_mismatches"] == 0 else 1
 
 
+def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
+                  ) -> dict[str, dict]:
+    """``--variant LABEL=JSON`` flags -> {label: overrides}, each checked over ``base`` (the
+    ``--policy-config``); ValueError naming the bad one."""
+    from ..bench.grid import OFF_AGAIN, GridConfig, policy_config
+
+    taken = {"off", "auto", OFF_AGAIN} | ({f"{fixed[0]}:k{fixed[1]}"} if fixed else set())
+    out: dict[str, dict] = {}
+    for spec in specs:
+        label, sep, text = spec.partition("=")
+        label = label.strip()
+        if not sep or not label:
+            raise ValueError(f"--variant wants LABEL=JSON, got {spec!r}")
+        if label in taken or label in out:
+            raise ValueError(f"--variant label {label!r} is taken (off, auto, off again, "
+                             "the fixed mode and each variant need their own)")
+        try:
+            out[label] = policy_overrides(text)
+            check_policy_overrides(policy_config(
+                GridConfig(policy_config=base, variants=out), label))
+        except ValueError as e:
+            raise ValueError(f"--variant {label}: {e}") from None
+    return out
+
+
 def _bench_grid(args: argparse.Namespace) -> int:
     from ..bench.grid import GridConfig, plot_grid, run_grid, table
     from ..bench.unseen import DEFAULT_OUT
@@ -181,6 +211,7 @@ def _bench_grid(args: argparse.Namespace) -> int:
         fixed = (name, int(k))
     try:
         overrides = policy_overrides(args.policy_config)
+        variants = grid_variants(args.variant, overrides, fixed)
     except ValueError as e:
         return fail("bench grid", e)
     report = run_grid(GridConfig(args.family_dir, args.quick, args.concurrency,
@@ -189,7 +220,7 @@ def _bench_grid(args: argparse.Namespace) -> int:
                                  rounds=args.rounds, repeat_off=args.repeat_off,
                                  policy_config=overrides,
                                  trace=args.trace.resolve() if args.trace else None,
-                                 suffix_decoding=args.suffix_decoding))
+                                 suffix_decoding=args.suffix_decoding, variants=variants))
     print(table(report))
     print(f"auto / off: min {report['min_auto_over_off']:.3f}x, median "
           f"{report['median_auto_over_off']:.3f}x; greedy outputs that differ from off: "

@@ -100,19 +100,21 @@ class AcceptanceTracker:
         st.ps, st.pf = (1 - self.cfg.ema) * st.ps, (1 - self.cfg.ema) * st.pf
         st.n += 1
 
-    def relax(self, request_id: str, drafter: str) -> None:
-        """A step in which ``drafter``, the request's choice, drafted nothing (the controller
-        held it at k = 0): a greedy request's evidence ages toward the population rate as a
-        step of ``prior_trials`` trials at that rate, weighted ``ema`` like a drafted one, since
+    def relax(self, request_id: str, drafter: str, steps: int = 1) -> None:
+        """``steps`` steps in which ``drafter``, the request's choice, drafted nothing (the
+        controller held it at k = 0; a held call's forwards each count): a greedy request's
+        evidence ages toward the population rate, each step as one of ``prior_trials`` trials at
+        that rate, weighted ``ema`` like a drafted one (in one go: ``(1 - ema) ** steps``), since
         a held request gets no evidence and a discounted estimate from a few steps would hold
         it at k = 0 for good (on sampled tuning prompts, when these were discounted too, two
         steps of the demo's EAGLE head accepting 2 and 0 of 4 held requests plain for their
         remaining 60 steps). A sampling request's estimate keeps its prior (module doc)."""
         st = self._state.get(request_id, {}).get(drafter)
         if st is not None and request_id not in self._sampled:
-            a0, p, w = self.prior(drafter, request_id), self.cfg.prior_trials, self.cfg.ema
-            st.s = (1 - w) * st.s + w * a0 * p
-            st.f = (1 - w) * st.f + w * (1 - a0) * p
+            a0, p = self.prior(drafter, request_id), self.cfg.prior_trials
+            kept = (1 - self.cfg.ema) ** max(0, steps)
+            st.s = kept * st.s + (1 - kept) * a0 * p
+            st.f = kept * st.f + (1 - kept) * (1 - a0) * p
 
     def add_evidence(self, request_id: str, drafter: str, accepted: float, rejected: float,
                      keep: float = 1.0) -> None:

@@ -318,9 +318,9 @@ class LearnedPolicy:
         if choice.drafter is None:
             state.idle += max(0, r.emitted - 1)  # a hold's further forwards: steps at k = 0
             if chosen is not None:  # the bandit's pick gave a plain step: its tokens (several
+                # in a hold) to the bandit, a step of aging per forward to the estimate
                 self.selector.update(r.request_id, chosen, r.emitted or 1, draft_s + verify_s)
-                for _ in range(max(1, r.emitted)):  # in a hold), evidence aging a forward each
-                    self.controller.tracker.relax(r.request_id, chosen)
+                self.controller.tracker.relax(r.request_id, chosen, max(1, r.emitted))
             return
         seconds = draft_s + verify_s + self.selector.switch_cost_s(r.request_id, choice.drafter)
         self.selector.update(r.request_id, choice.drafter, accepted + 1, seconds)

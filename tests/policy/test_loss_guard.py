@@ -541,4 +541,3 @@ def test_a_step_without_drafts_holds_and_only_plain_steps_by_decision_advance_th
     decided = guard.hold  # until the next probe
     guard.drafts_nothing(steady=True)
     assert guard.hold == decided < 64
-

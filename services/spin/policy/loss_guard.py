@@ -54,9 +54,9 @@ seconds the step took beyond its predicted verification are added to its kind's 
 side, without tokens (before 2026-11-27 they were left out, and on ``spin bench grid --split
 tuning --prompts long`` such steps took 11-16 s of a 28-56 s cell unseen by the guard).
 Tried and worse (one ``spin bench grid`` run each): counting those steps, medians of per-step
-rates (a drafter's gains are heavy-tailed), windows of the last 16 steps; on the tuning split
-(2026-11-29, ``benchmarks/PROVENANCE.md``): holding such a step where plain steps are decided,
-as speculation off holds it, and a request alone's reversal leaving its kind's probe interval.
+rates (a drafter's gains are heavy-tailed), windows of the last 16 steps. Not kept, their runs
+confounded (2026-11-29, ``benchmarks/PROVENANCE.md``): holding such a step where plain steps are
+decided, as speculation off holds it; a request alone's reversal leaving its kind's interval.
 
 **Holds.** Where the guard's decision is plain steps, the policy lets the scheduler run the
 forwards until its next probe in one verification call (``hold``; at most

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,18 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spin.zoo.report import family_members, load_model
 from spin.zoo.specs import FAMILY_DIR
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker computes on one torch thread: ``make test`` runs two workers on
+    two cores beside the services they start, and a forward of two OpenMP threads whose cores
+    the other worker holds waits at every barrier (``timing/measure.py``: a 48 ms forward took
+    616 ms beside two busy processes). The services compute on one thread each likewise
+    (``rpc.serving.torch_worker``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

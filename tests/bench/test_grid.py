@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spin.bench.grid import OFF_AGAIN, GridConfig, _cell, _trace, modes, plot_grid, table
 from spin.bench.policy_config import PolicyBenchConfig
 from spin.serve import Embedded
@@ -60,7 +62,9 @@ def test_each_mode_has_a_deployment_and_a_trace_of_its_own(tmp_path: Path) -> No
     assert GridConfig().suffix_decoding is False  # repeated prompts would flatter it
 
 
-def test_the_command_refuses_what_it_cannot_run() -> None:
+def test_the_command_refuses_what_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from spin.cli import main
+
     for args, message in ((["--prompts", "medium"], "--prompts takes short, long, short,long"),
                           (["--fixed", "draft-code"], "--fixed wants DRAFTER:K"),
                           (["--temperatures", "3"], "temperatures must be in [0, 2]"),
@@ -71,9 +75,15 @@ def test_the_command_refuses_what_it_cannot_run() -> None:
                           (["--variant", "a={}", "--variant", "a={}"], "label 'a' is taken"),
                           (["--variant", "g={\"guard\": {\"nope\": 1}}"],
                            "--variant g: unknown guard setting")):
-        r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", *args],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+        try:
+            rc = main(["bench", "grid", *args])
+        except SystemExit as e:  # argparse's own refusals
+            rc = e.code
+        assert rc == 2 and message in capsys.readouterr().err, args
+    # and as a command: the exit status and the message reach the shell
+    r = subprocess.run([sys.executable, "-m", "spin", "bench", "grid", "--variant", "off={}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "label 'off' is taken" in r.stderr, r.stderr
 
 
 def test_tuning_runs_time_other_prompts_than_the_reported_ones() -> None:

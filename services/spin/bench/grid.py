@@ -132,14 +132,15 @@ def modes(cfg: GridConfig) -> list[tuple[str, str, int]]:
 def policy_config(cfg: GridConfig, label: str) -> dict:
     """The learned policy's overrides of mode ``label``'s deployment: ``cfg.policy_config``,
     and a variant's own over it (nested settings merged key by key)."""
-    return _merged(cfg.policy_config, cfg.variants.get(label, {}))
+    return merged(cfg.policy_config, cfg.variants.get(label, {}))
 
 
-def _merged(base: dict, over: dict) -> dict:
+def merged(base: dict, over: dict) -> dict:
+    """``over`` applied to ``base`` key by key (nested settings merged; neither mutated)."""
     out = dict(base)
     for key, value in over.items():
         both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _merged(out[key], value) if both else value
+        out[key] = merged(out[key], value) if both else value
     return out
 
 

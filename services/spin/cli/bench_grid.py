@@ -174,7 +174,7 @@ def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
                   ) -> dict[str, dict]:
     """``--variant LABEL=JSON`` flags -> {label: overrides}, each checked over ``base`` (the
     ``--policy-config``); ValueError naming the bad one."""
-    from ..bench.grid import OFF_AGAIN, GridConfig, policy_config
+    from ..bench.grid import OFF_AGAIN, merged
 
     taken = {"off", "auto", OFF_AGAIN} | ({f"{fixed[0]}:k{fixed[1]}"} if fixed else set())
     out: dict[str, dict] = {}
@@ -188,8 +188,7 @@ def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
                              "the fixed mode and each variant need their own)")
         try:
             out[label] = policy_overrides(text)
-            check_policy_overrides(policy_config(
-                GridConfig(policy_config=base, variants=out), label))
+            check_policy_overrides(merged(base, out[label]))
         except ValueError as e:
             raise ValueError(f"--variant {label}: {e}") from None
     return out

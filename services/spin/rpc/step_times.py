@@ -12,6 +12,15 @@ version, the grid), so a restart loads it. Services sharing that directory (``sp
 all on one machine) measure one at a time, under a lock file there: measured at once, each
 would time the others' work too (``spin bench policy --quick`` on 2 cores: the verifier's fit
 error 31% so, 8.7% one at a time; the learned policy 237 against 256 tokens/s).
+
+A cached grid is a prior, not the truth: a start that loads it first times one point of the
+grid again (``_check_grid``, under the same lock) and measures the whole grid afresh when the
+cache ran slower than now by more than ``STALE`` (it was measured while something else loaded
+the cores: another process only ever makes a call slower, so the faster is the machine's own).
+Where now is the slower, the cache is kept; the router's online calibration follows the load
+of the moment (``policy/calibration.py``). Found so: an entry measured beside a busy machine
+(the target's verification at batch 1 of 5 tokens 39.3 ms against 14.0 ms idle) was loaded by
+every later start, and the controller drafted shorter chains all day.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from ..engine.drafter import ModelDrafter
 from ..engine.head_runner import HeadRunner
 from ..engine.model_runner import ModelRunner
 from ..timing.cost_model import DraftSample, VerifySample
-from ..timing.measure import profile_draft, profile_head, profile_verify
+from ..timing.measure import STEADY_TOLERANCE, profile_draft, profile_head, profile_verify
 from ..v1 import model_info_pb2
 
 log = logging.getLogger(__name__)
@@ -80,25 +89,64 @@ def _key(role: str, runner: ModelRunner, model_path: str, grid: Grid, quantized:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
-def _cached(key: str, measure, mode: StepTimesMode, cache: Path | None) -> list[dict]:
-    path = (cache or cache_dir()) / f"{key}.json"
-    if mode == "auto" and path.exists():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            log.warning("step times in %s unreadable (%s): measuring again", path, e)
-    with _one_at_a_time(path.parent):
-        if mode == "auto" and path.exists():  # measured by another process meanwhile
-            with contextlib.suppress(OSError, ValueError):
-                return json.loads(path.read_text())
-        rows = measure()
+STALE = (1 + STEADY_TOLERANCE) ** 2
+"""A cached grid is measured again when every point timed again at start ran slower in the
+cache than now by more than this: two measurements of one call, each its fastest of timings that
+agree within ``STEADY_TOLERANCE``, differ by at most about that much on a quiet machine."""
+
+
+def _check_grid(grid: Grid) -> Grid:
+    """The point a start times again against its cache: the grid's first batch and context and
+    its middle token count or k (a chain and, where the grid times one there, a tree)."""
+    return Grid(batches=grid.batches[:1], tokens=(grid.tokens[len(grid.tokens) // 2],),
+                ks=(grid.ks[len(grid.ks) // 2],), contexts=grid.contexts[:1], reps=grid.reps)
+
+
+def _point(row: dict) -> tuple:
+    """A measured row's grid point (everything but its time and its drafter's name)."""
+    return tuple(sorted((k, v) for k, v in row.items() if k not in ("seconds", "drafter")))
+
+
+def slower_than_now(cached: list[dict], now: list[dict]) -> float | None:
+    """How much slower the cache timed the points ``now`` timed again: the smallest ratio of
+    cached to current seconds over the points both hold (None where they share none)."""
+    old = {_point(r): r["seconds"] for r in cached}
+    ratios = [old[_point(r)] / r["seconds"] for r in now
+              if _point(r) in old and r["seconds"] > 0]
+    return min(ratios) if ratios else None
+
+
+def _load(path: Path) -> list[dict] | None:
+    if not path.exists():
+        return None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rows))
-        tmp.replace(path)
-    except OSError as e:  # a read-only home: measured each start, served all the same
-        log.warning("cannot cache step times in %s: %s", path, e)
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("step times in %s unreadable (%s): measuring again", path, e)
+        return None
+
+
+def _cached(key: str, measure: Callable[[], list[dict]], mode: StepTimesMode,
+            cache: Path | None, check: Callable[[], list[dict]]) -> list[dict]:
+    """The grid's rows: from the cache where ``check`` (one point timed now) finds it no slower
+    than now beyond ``STALE``, else measured (``measure``) and cached."""
+    path = (cache or cache_dir()) / f"{key}.json"
+    with _one_at_a_time(path.parent):
+        rows = _load(path) if mode == "auto" else None
+        if rows is not None:
+            ratio = slower_than_now(rows, check())
+            if ratio is None or ratio <= STALE:
+                return rows
+            log.warning("step times cached in %s ran %.2fx slower than this machine now (measured"
+                        " while something else loaded it): measuring again", path, ratio)
+        rows = measure()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rows))
+            tmp.replace(path)
+        except OSError as e:  # a read-only home: measured each start, served all the same
+            log.warning("cannot cache step times in %s: %s", path, e)
     return rows
 
 
@@ -132,15 +180,18 @@ def verifier_times(runner: ModelRunner, model_path: str, mode: StepTimesMode = "
     if mode == "off":
         return []
 
+    def timed(g: Grid, bar: tqdm) -> list[dict]:
+        return [asdict(s) for s in profile_verify(runner, g.batches, g.tokens, g.contexts,
+                                                  g.reps, bar)]
+
     def measure() -> list[dict]:
         points = len(grid.contexts) * len(grid.batches) * len(grid.tokens)
         with tqdm(total=points, desc="measuring verify steps", unit="point", file=sys.stderr,
                   mininterval=2.0) as bar:
-            samples = profile_verify(runner, grid.batches, grid.tokens, grid.contexts,
-                                     grid.reps, bar)
-        return [asdict(s) for s in samples]
+            return timed(grid, bar)
 
-    rows = _cached(_key("verifier", runner, model_path, grid, False), measure, mode, cache)
+    rows = _cached(_key("verifier", runner, model_path, grid, False), measure, mode, cache,
+                   lambda: timed(_check_grid(grid), tqdm(disable=True)))
     return [VerifySample(**r) for r in rows]
 
 
@@ -151,8 +202,8 @@ def drafter_times(drafter: ModelDrafter, model_path: str, mode: StepTimesMode = 
     return _draft_times(
         drafter.name, "drafter", drafter.runner, model_path, mode, cache, grid, quantized,
         f"{drafter.name}'s draft steps",
-        lambda bar: profile_draft(drafter.name, drafter, grid.batches, grid.ks, grid.contexts,
-                                  grid.reps, bar))
+        lambda g, bar: profile_draft(drafter.name, drafter, g.batches, g.ks, g.contexts, g.reps,
+                                     bar))
 
 
 def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
@@ -164,15 +215,16 @@ def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
     return _draft_times(
         head.name, "head", target, model_path, mode, cache, grid, False,
         f"head {head.name}'s drafts",
-        lambda bar: profile_head(head.name, head, len(c.aux_layers) * c.target_hidden_size,
-                                 grid.batches, grid.ks, grid.contexts, grid.reps, bar))
+        lambda g, bar: profile_head(head.name, head, len(c.aux_layers) * c.target_hidden_size,
+                                    g.batches, g.ks, g.contexts, g.reps, bar))
 
 
 def _draft_times(name: str, role: str, runner: ModelRunner, model_path: str,
                  mode: StepTimesMode, cache: Path | None, grid: Grid, quantized: bool,
-                 what: str, profile: Callable[[tqdm], list[DraftSample]]) -> list[DraftSample]:
-    """Draft calls of drafter or head ``name`` (``profile`` times them, ``what`` names them on
-    the progress bar), measured or cached."""
+                 what: str, profile: Callable[[Grid, tqdm], list[DraftSample]]
+                 ) -> list[DraftSample]:
+    """Draft calls of drafter or head ``name`` (``profile`` times them over a grid, ``what``
+    names them on the progress bar), measured or cached."""
     if mode == "off":
         return []
 
@@ -180,9 +232,12 @@ def _draft_times(name: str, role: str, runner: ModelRunner, model_path: str,
         points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
         with tqdm(total=points, desc=f"measuring {what}", unit="point", file=sys.stderr,
                   mininterval=2.0) as bar:
-            return [asdict(s) for s in profile(bar)]
+            return [asdict(s) for s in profile(grid, bar)]
 
-    rows = _cached(_key(role, runner, model_path, grid, quantized), measure, mode, cache)
+    def check() -> list[dict]:
+        return [asdict(s) for s in profile(_check_grid(grid), tqdm(disable=True))]
+
+    rows = _cached(_key(role, runner, model_path, grid, quantized), measure, mode, cache, check)
     return [DraftSample(**{**r, "drafter": name}) for r in rows]
 
 

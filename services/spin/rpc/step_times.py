@@ -126,20 +126,28 @@ def _load(path: Path) -> list[dict] | None:
         return None
 
 
-def _cached(key: str, measure: Callable[[], list[dict]], mode: StepTimesMode,
-            cache: Path | None, check: Callable[[], list[dict]]) -> list[dict]:
-    """The grid's rows: from the cache where ``check`` (one point timed now) finds it no slower
-    than now beyond ``STALE``, else measured (``measure``) and cached."""
+Timed = Callable[[Grid, tqdm], list]
+"""Times a grid's points (``timing/measure.py``), advancing a progress bar: the samples."""
+
+
+def _cached(key: str, timed: Timed, grid: Grid, points: int, what: str, mode: StepTimesMode,
+            cache: Path | None) -> list[dict]:
+    """The rows of ``grid`` (``points`` of them; ``what`` names them on the progress bar): from
+    the cache where its check point timed now finds it no slower than now beyond ``STALE``,
+    else measured and cached."""
     path = (cache or cache_dir()) / f"{key}.json"
     with _one_at_a_time(path.parent):
         rows = _load(path) if mode == "auto" else None
         if rows is not None:
-            ratio = slower_than_now(rows, check())
+            now = [asdict(s) for s in timed(_check_grid(grid), tqdm(disable=True))]
+            ratio = slower_than_now(rows, now)
             if ratio is None or ratio <= STALE:
                 return rows
             log.warning("step times cached in %s ran %.2fx slower than this machine now (measured"
                         " while something else loaded it): measuring again", path, ratio)
-        rows = measure()
+        with tqdm(total=points, desc=f"measuring {what}", unit="point", file=sys.stderr,
+                  mininterval=2.0) as bar:
+            rows = [asdict(s) for s in timed(grid, bar)]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -180,18 +188,11 @@ def verifier_times(runner: ModelRunner, model_path: str, mode: StepTimesMode = "
     if mode == "off":
         return []
 
-    def timed(g: Grid, bar: tqdm) -> list[dict]:
-        return [asdict(s) for s in profile_verify(runner, g.batches, g.tokens, g.contexts,
-                                                  g.reps, bar)]
-
-    def measure() -> list[dict]:
-        points = len(grid.contexts) * len(grid.batches) * len(grid.tokens)
-        with tqdm(total=points, desc="measuring verify steps", unit="point", file=sys.stderr,
-                  mininterval=2.0) as bar:
-            return timed(grid, bar)
-
-    rows = _cached(_key("verifier", runner, model_path, grid, False), measure, mode, cache,
-                   lambda: timed(_check_grid(grid), tqdm(disable=True)))
+    rows = _cached(_key("verifier", runner, model_path, grid, False),
+                   lambda g, bar: profile_verify(runner, g.batches, g.tokens, g.contexts, g.reps,
+                                                 bar),
+                   grid, len(grid.contexts) * len(grid.batches) * len(grid.tokens),
+                   "verify steps", mode, cache)
     return [VerifySample(**r) for r in rows]
 
 
@@ -221,23 +222,13 @@ def head_times(head: HeadRunner, target: ModelRunner, model_path: str,
 
 def _draft_times(name: str, role: str, runner: ModelRunner, model_path: str,
                  mode: StepTimesMode, cache: Path | None, grid: Grid, quantized: bool,
-                 what: str, profile: Callable[[Grid, tqdm], list[DraftSample]]
-                 ) -> list[DraftSample]:
+                 what: str, profile: Timed) -> list[DraftSample]:
     """Draft calls of drafter or head ``name`` (``profile`` times them over a grid, ``what``
     names them on the progress bar), measured or cached."""
     if mode == "off":
         return []
-
-    def measure() -> list[dict]:
-        points = len(grid.contexts) * len(grid.batches) * len(grid.ks)
-        with tqdm(total=points, desc=f"measuring {what}", unit="point", file=sys.stderr,
-                  mininterval=2.0) as bar:
-            return [asdict(s) for s in profile(grid, bar)]
-
-    def check() -> list[dict]:
-        return [asdict(s) for s in profile(_check_grid(grid), tqdm(disable=True))]
-
-    rows = _cached(_key(role, runner, model_path, grid, quantized), measure, mode, cache, check)
+    rows = _cached(_key(role, runner, model_path, grid, quantized), profile, grid,
+                   len(grid.contexts) * len(grid.batches) * len(grid.ks), what, mode, cache)
     return [DraftSample(**{**r, "drafter": name}) for r in rows]
 
 

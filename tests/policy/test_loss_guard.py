@@ -162,9 +162,9 @@ def test_a_plain_decision_holds_in_steps_where_a_request_prefills() -> None:
     for _ in range(40):
         plan = policy.choose(views, {"draft-code", PROMPT_LOOKUP})
         spec = any(c.drafter for c in plan)
-        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
-                         for v, c in zip(views, plan))
-        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, c.k, c.k + 1, True)
+                         for v, c in zip(views, plan))  # every draft accepted, but slow:
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.5 if spec else 0.01))
     kind = step_kind([False] * 5)  # the same kind as 4 requests'
     assert policy.guard.rates()[kind][2] is False
     before = policy.guard.rates()[kind]
@@ -322,7 +322,8 @@ def test_a_request_alone_weighs_each_drafter_on_its_own_side() -> None:
 
 def test_the_learned_policy_probes_with_a_head() -> None:
     """Plain by decision, the learned policy's probes of speculation may use a draft head (the
-    only drafter with a cost, every request's bandit picks it)."""
+    only drafter with a cost, every request's bandit picks it; a turn to it, priced over the
+    two steps it takes, pays: every draft is accepted, the steps are slow)."""
     cost = _cost()
     cost.draft = {"eagle": (0.0, 0.0002, 0.0, 0.0, 0.0)}
     policy = LearnedPolicy(learned_config({"trees": False, "score_after": 0,
@@ -336,9 +337,9 @@ def test_the_learned_policy_probes_with_a_head() -> None:
         spec = any(c.drafter for c in plan)
         if spec:
             used[decided and not policy.guard.probing] |= {c.drafter for c in plan}
-        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
-                         for v, c in zip(views, plan))
-        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.05 if spec else 0.01))
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, c.k, c.k + 1, True)
+                         for v, c in zip(views, plan))  # every draft accepted, but slow:
+        policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.5 if spec else 0.01))
     assert used[True] == {"eagle"}  # by decision
     assert used[False] == {"eagle"}  # and in the probes once plain
 

@@ -16,6 +16,17 @@ requests that way before this.
 
 A loss guard's plain step (``loss_guard.py``) still drops the chain: a plain decision is a plain
 step, and the guard measures speculation against exactly that.
+
+Nor is a chain dropped for another drafter: a request holding one whose bandit picks another
+verifies the chain and asks for none (``keep``), the pick drafting from the next step. And a
+request's first step with a head (a *turn*: no chain held) verifies nothing of its own: it gives
+one token, its chain the next step. The controller prices every head step as one that verifies
+a chain; a turn keeps its k only where the two steps together are predicted to give more tokens a
+second than both with the request at k = 0 (``transitions``). Before 2026-11-29 turns were priced
+as head steps: on the tuning prompts (router step traces of ``spin bench learned``, one request at
+a time) 27-49 steps a pass were turns, 10.8-15.4 ms for one token where a plain forward took
+4.4-6.9 ms in speculation off's held calls, 9-19% of auto's time, and greedy requests' bandits
+dropped a turn's chain at the next step for prompt lookup's draft.
 """
 
 from __future__ import annotations
@@ -55,6 +66,51 @@ class HeadChains:
         ask = self._asking.pop(request_id, None)
         if ok and ask is not None:
             self._held[request_id] = ask
+
+    def holding(self, request_id: str) -> str | None:
+        """The head whose chain the request holds for its coming step (None: none)."""
+        chain = self._held.get(request_id)
+        return chain[0] if chain is not None else None
+
+    def keep(self, requests: Sequence[RequestView], drafters: list[str | None],
+             available: set[str]) -> None:
+        """A request in mode auto holding an available head's chain whose bandit picked
+        another drafter verifies the chain and asks for none (its drafter None here, so the
+        controller gives it k = 0 and ``verify_held`` verifies the chain); the bandit's pick
+        drafts from the next step (set in place). Dropped, a chain drafted for the coming
+        step was a head's catch-up and drafts paid for nothing (module doc)."""
+        for i, r in enumerate(requests):
+            head = self.holding(r.request_id)
+            if r.mode == "auto" and head in available and drafters[i] not in (None, head):
+                drafters[i] = None
+
+    def transitions(self, requests: Sequence[RequestView], drafters: list[str | None],
+                    ks: list[int], heads: frozenset[str], controller: SpecLengthController,
+                    prefill: int = 0) -> None:
+        """Requests in mode auto that turn to a head (k > 0, no chain of it held) get one token
+        from this step, their chain the next: they keep k only where the two steps together,
+        this one and the next verifying the chains, are predicted to give more tokens a second
+        than both steps with those requests at k = 0 (``ks`` set to 0 in place otherwise).
+        Priced as a step of the head instead, a turn cost a step of one token that the
+        controller expected to give E(a, k) (module doc)."""
+        turning = [i for i, r in enumerate(requests)
+                   if r.mode == "auto" and ks[i] > 0 and drafters[i] in heads
+                   and self.holding(r.request_id) != drafters[i]]
+        if not turning or controller.cost is None:
+            return
+        batch = [(r.request_id, d, r.context_len) for r, d in zip(requests, drafters)]
+        plain = [0 if i in turning else k for i, k in enumerate(ks)]
+
+        def two_steps(k: list[int]) -> float:  # this step's seconds, then the next one's
+            now = controller.step_s(*controller.predicted_parts(batch, k, prefill))
+            return now + (controller.step_s(*controller.predicted_parts(batch, k))
+                          if prefill else now)
+
+        with_chains, now = controller.expected(batch, ks), controller.expected(batch, plain)
+        turn, stay = two_steps(ks), two_steps(plain)
+        if turn <= 0 or stay <= 0 or (now + with_chains) / turn <= 2 * now / stay:
+            for i in turning:
+                ks[i] = 0
 
     def verify_held(self, requests: Sequence[RequestView], drafters: list[str | None],
                     ks: list[int], available: set[str], controller: SpecLengthController,

@@ -14,12 +14,12 @@ A step in which the bandit's drafter did not speculate (k = 0) rewards it with t
 such a step yields; such a request first tries its next-best drafter through the controller
 once more. A model-free drafter is no candidate where it finds no match (``base.unmatched``).
 
-**Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix
-decoding: ``engine/model_free.py``) draft, and every model drafter scores the prompt during the
-target's prefill of it: the agreement ranks the drafters (``prompt_fit.py``), so from then on
+**Prompt fit.** At a request's first step the model-free drafters (prompt lookup, suffix decoding:
+``engine/model_free.py``) draft, or a head asks, and every model drafter scores the prompt during
+the target's prefill of it: the agreement ranks the drafters (``prompt_fit.py``), so from then on
 the request's bandit chooses between the best-fitting drafter, seeded from what it achieved on
-earlier requests it fitted, the heads and the model-free ones. Every prior is on the scale of
-the population's measured goodput (``_prior_from_rate``). The first step earns no bandit reward.
+earlier requests it fitted, the heads and the model-free ones. Every prior is on the scale of the
+population's measured goodput (``_prior_from_rate``). The first step earns no bandit reward.
 
 **Measured, not only predicted.** Per kind of step the guard runs plain steps where speculating
 ones measure fewer tokens a second, held over several forwards a call (``loss_guard.py``).
@@ -32,10 +32,11 @@ the served steps that show it: round trips, the services' work, contention (``ca
 A step whose scoring calls ran beside the verification, or that prefilled a prompt, calibrates
 its drafters only; what scoring calls add to a step is fitted apart (``scoring_cost.py``).
 
-**Chains.** A model drafter's chain stops once its probability falls below ``stop_below``, so k
-is the longest chain the step may draft (``chain_length.py``). A request held at k = 0 (its
-estimate aging: ``relax``) probes with k = 1 after ``probe_every`` such steps; a head's chain
-drafted for it is verified at k = 0 where that pays (``head_chains.py``)."""
+**Chains.** A model drafter's chain stops once its probability falls below ``stop_below``, so k is
+the longest chain the step may draft (``chain_length.py``). A request held at k = 0 (its estimate
+aging: ``relax``) probes with k = 1 after ``probe_every`` such steps. A head's chain drafted for it
+is verified, at k = 0 where that pays, whichever drafter the bandit picks next, and a turn to a
+head is priced over the two steps it takes (``head_chains.py``)."""
 
 from __future__ import annotations
 
@@ -107,19 +108,13 @@ class LearnedPolicy:
         if self.population is not None:
             self.population.close()
 
-    def _state(self, request_id: str) -> RequestState:
-        """The request's state, created at first sight."""
-        if request_id not in self._requests:
-            self._requests[request_id] = RequestState()
-        return self._requests[request_id]
-
     def _begin(self, r: RequestView) -> RequestState:
-        """``_state`` of a request in a step, its bandit and estimates opened at first sight."""
+        """A request's state in a step, it and its bandit and estimates made at first sight."""
         if r.request_id not in self._requests:
             self.selector.begin(r.request_id, r.greedy)
             self.controller.tracker.begin(r.request_id, r.greedy)
             self.fit.begin(r.request_id, r.greedy)
-        return self._state(r.request_id)
+        return self._requests.setdefault(r.request_id, RequestState())
 
     # ---- choose: drafters, then k, then scoring, then the prediction ---------------------------
     def choose(self, requests: list[RequestView], available: set[str],
@@ -181,6 +176,7 @@ class LearnedPolicy:
                     r, s, c, self.heads, saving, self.scoring_cost)
                 drafters.append(self.selector.choose(r.request_id, c) if c else None)
                 s.chosen = drafters[-1] if c else s.chosen
+        self.head_chains.keep(requests, drafters, available)  # a chain held is verified
         return cands, drafters
 
     def _candidates(self, r: RequestView, state: RequestState, available: set[str]) -> set[str]:
@@ -190,8 +186,8 @@ class LearnedPolicy:
         ``_prior_from_rate``), the others keep the population's measure."""
         if not (self.cfg.prompt_fit and self.cfg.score_after):
             return available
-        if r.generated == 0 and available & MODEL_FREE:
-            return available & MODEL_FREE
+        if r.generated == 0 and available & MODEL_FREE:  # (a head asked now drafts the next)
+            return available & (MODEL_FREE | self.heads)
         fitting = [d for d in self.fit.fitting(r.request_id) if d in available]
         if not fitting:
             return available
@@ -212,8 +208,11 @@ class LearnedPolicy:
             policy_k: list[bool], prefill: int) -> list[int]:
         """Each request's k: the controller's (after the fallback, which may change a request's
         drafter: ``drafters`` and ``batch`` in place), a named drafter's own k, or a probe with
-        k = 1 after ``probe_every`` steps at k = 0; at most the tokens it has left but one."""
+        k = 1 after ``probe_every`` steps at k = 0; at most the tokens it has left but one; a
+        turn to a head priced over its two steps (``HeadChains.transitions``)."""
         ks = self.controller.choose(batch, prefill) if any(policy_k) else [0] * len(requests)
+        turns = self.head_chains.transitions
+        turns(requests, drafters, ks, self.heads, self.controller, prefill)
         if self.cfg.fallback and any(r.mode == "auto" for r in requests):
             ks = self._fallback(requests, states, drafters, batch, ks, cands, prefill)
         out = []
@@ -221,10 +220,11 @@ class LearnedPolicy:
             if r.mode == "drafter" and r.k:
                 k = r.k
             elif d is not None and not k and s.idle >= self.cfg.probe_every:
-                k = 1  # (a head's chain is verified the next step: ``head_chains.py``)
+                k = 1
             k = min(k, r.remaining - 1)
             s.idle = 0 if k > 0 else s.idle + 1
             out.append(k)
+        turns(requests, drafters, out, self.heads, self.controller, prefill)
         return out
 
     def _fallback(self, requests: list[RequestView], states: list[RequestState],
@@ -235,7 +235,8 @@ class LearnedPolicy:
         swapped = list(drafters)
         for i, (r, s) in enumerate(zip(requests, states)):
             known = s.scored or s.fitted or not self.cfg.score_after
-            if r.mode == "auto" and ks[i] == 0 and drafters[i] is not None and known:
+            if (r.mode == "auto" and ks[i] == 0 and drafters[i] is not None and known
+                    and self.head_chains.holding(r.request_id) is None):  # (chain verified)
                 swapped[i] = (self.selector.next_best(r.request_id, drafters[i],
                                                       cands[r.request_id]) or drafters[i])
         if swapped == drafters:
@@ -245,8 +246,7 @@ class LearnedPolicy:
         out = list(ks)
         for i, (r, s) in enumerate(zip(requests, states)):
             if swapped[i] != drafters[i] and alt[i] > 0:
-                drafters[i], out[i] = swapped[i], alt[i]
-                s.chosen = swapped[i]
+                drafters[i], out[i], s.chosen = swapped[i], alt[i], swapped[i]
                 batch[i] = (r.request_id, swapped[i], batch[i][2])
         return out
 
@@ -307,7 +307,7 @@ class LearnedPolicy:
         if ranks is not None and choice.drafter is not None:
             self.runner_ups.observe(r.request_id, choice.drafter, ranks.trials, ranks.hits)
         first = ranks.first_accepted if ranks is not None and choice.branching else accepted
-        state = self._state(r.request_id)
+        state = self._requests.setdefault(r.request_id, RequestState())
         chosen, state.chosen = state.chosen, None
         self.chains.observe(r.request_id, choice)  # choice.k: the length it drafted
         if state.prefill:  # the target's prefill makes it no drafter's measure
@@ -335,7 +335,7 @@ class LearnedPolicy:
         drafter, matches, positions = score.drafter, score.matches, score.positions
         if positions <= 0:
             return
-        state = self._state(request_id)
+        state = self._requests.setdefault(request_id, RequestState())
         if not state.scored:
             self.fit.observe_prompt(request_id, drafter, matches, positions)
             return

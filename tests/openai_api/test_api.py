@@ -300,7 +300,9 @@ def test_sigterm_lets_a_running_stream_finish_and_stops_promptly(client: openai.
                                                                  model: str,
                                                                  served: Served) -> None:
     """Last: it stops the module's deployment. A stream running at SIGTERM gets all its tokens;
-    the idle keep-alive connection the client holds does not delay the stop."""
+    the idle keep-alive connection the client holds does not delay the stop (it held it 30 s:
+    the deadline counts from the stream's end, since the 120 tokens' own time depends on how
+    busy the machine is: 25 s from the signal beside two busy processes once)."""
     import time
 
     tokens, stopped_at = 0, None
@@ -312,6 +314,7 @@ def test_sigterm_lets_a_running_stream_finish_and_stops_promptly(client: openai.
         if stopped_at is None:
             stopped_at = time.monotonic()
             served.proc.send_signal(signal.SIGTERM)
+    ended = time.monotonic()
     assert tokens == 120
     assert served.proc.wait(60) == 0
-    assert time.monotonic() - stopped_at < 20
+    assert time.monotonic() - ended < 20

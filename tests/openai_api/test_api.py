@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import grpc
 import openai
@@ -251,10 +252,21 @@ def test_health_and_openapi_need_no_key(served: Served) -> None:
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models"} <= set(spec["paths"])
 
 
-def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Served,
+@pytest.fixture
+def short_context(tmp_path: Path):
+    """A server whose context is 128 tokens: a chat request without ``max_tokens`` generates
+    what the context leaves, and the fuzz's requests then each ran to the model's whole context
+    (the schema advertises the bound, so the fuzzer keeps to it)."""
+    s = _start(tmp_path / "serve", "--max-model-len", "128")
+    yield s
+    _stop(s)
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(short_context: Served,
                                                                      tmp_path: Path) -> None:
     st = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     report = tmp_path / "junit.xml"
+    served = short_context
     run = subprocess.run(
         [st, "run", f"{served.http}/openapi.json", "--header", f"Authorization: Bearer {KEY}",
          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,"
@@ -265,6 +277,9 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Serv
     # the failures (request bodies of fuzzed JSON can be long: their lines are cut)
     failures = "\n".join(line[:400] for line in run.stdout.splitlines())
     assert run.returncode == 0, failures[-8000:] + run.stderr[-2000:]
+    # every operation was fuzzed (a run that tested nothing would also exit 0)
+    tested = {c.get("name") for c in ElementTree.parse(report).iter("testcase")}
+    assert {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models"} <= tested
 
 
 @pytest.fixture(scope="module")

@@ -671,6 +671,38 @@ def test_a_plain_plan_holds_and_each_held_forward_counts_toward_the_k_1_probe() 
         policy.close()
 
 
+def test_the_guards_plain_steps_do_not_count_toward_the_k_1_probe(monkeypatch) -> None:
+    """The k = 1 probe is for a request the controller holds at k = 0: steps and held forwards
+    the loss guard ran plain do not count toward it, so the guard's probe of speculation runs
+    the controller's plan (counted, 23 requests of a batch of 32 probed at once with k = 1 on
+    drafters that had to catch up with whole contexts: a 0.39 s step where a plain forward took
+    0.07 s, ``spin bench grid --split tuning --concurrency 32``)."""
+    without_guard(monkeypatch)
+    pop = {"draft-code": _stats(100, 10)}  # accepts 0.1 a token: the controller holds k = 0
+    policy = LearnedPolicy(learned_config({"score_after": 0, "probe_every": 4}), _cost(),
+                           population=lambda: pop)
+    guard_plain = [True]
+    monkeypatch.setattr(policy.guard, "plain", lambda reqs: guard_plain * len(reqs))
+    try:
+        g = 0
+        for _ in range(10):  # the guard's held calls of 4 forwards
+            (c,) = policy.choose([_generated("p", g)], {"draft-code"})
+            assert c.drafter is None and c.k == 0
+            held = RequestOutcome("p", True, StepChoice(None), 0, 0, 4, True)
+            policy.observe(StepOutcome((held,), None, 0.0, 0.04, 0.04, forwards=4))
+            g += 4
+        guard_plain[0] = False  # the guard's probe of speculation, then speculation decided
+        ks = []
+        for _ in range(6):
+            (c,) = policy.choose([_generated("p", g)], {"draft-code"})
+            ks.append(c.k)
+            observe(policy, "p", c, 0, 0.001 if c.k else 0.0, 0.010)
+            g += 1
+        assert ks[:4] == [0, 0, 0, 0] and 1 in ks[4:], ks  # the controller's k = 0, 4 times
+    finally:
+        policy.close()
+
+
 def test_a_heads_chain_is_verified_when_the_controller_stops_drafting(monkeypatch) -> None:
     """The chain a head drafted for a request's coming step is verified even where the
     controller gives the request k = 0 (``StepChoice.ask`` = 0: no new chain), then the request

@@ -6,7 +6,9 @@ The recording was taken from the policy as it was before its per-request state m
 object (``request_state.py``) and ``choose`` into phases (drafters, k, scoring, prediction); any
 change to what the policy chooses shows up here as the first step that differs. Re-record
 (``python tests/policy/test_learned_replay.py``) only for a change meant to alter the choices, and
-say so where the change is described. Last re-recorded when a request held at k = 0 began to
+say so where the change is described. Last re-recorded when the loss guard's plain steps stopped
+counting toward a request's k = 1 probe (a probe of speculation then runs the controller's plan).
+Before that, when a request held at k = 0 began to
 age its drafter's acceptance estimate back toward the population's (``AcceptanceTracker.relax``)
 and every bandit prior moved to the population's measured scale (``_prior_from_rate``): held
 requests speculate again sooner, so every later choice differs. Before that, when scoring calls

@@ -192,7 +192,8 @@ def test_a_probe_of_speculation_carries_no_scoring_and_expensive_probes_come_rar
         if spec and not decided:
             assert policy.guard.probing and not any(c.score for c in plan)
         kinds.append(spec)
-        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, 0, 1, True)
+        # every draft accepted (the controller keeps drafting), but a speculating step is slow
+        outcomes = tuple(RequestOutcome(v.request_id, False, c, c.k, c.k, c.k + 1, True)
                          for v, c in zip(views, plan))
         policy.observe(StepOutcome(outcomes, plan.prediction, 0.0, 0.01, 0.26 if spec else 0.01))
     assert sum(kinds[40:]) == 0  # after the learning and one confirming probe: no more probes

@@ -33,10 +33,10 @@ A step whose scoring calls ran beside the verification, or that prefilled a prom
 its drafters only; what scoring calls add to a step is fitted apart (``scoring_cost.py``).
 
 **Chains.** A model drafter's chain stops once its probability falls below ``stop_below``, so k is
-the longest chain the step may draft (``chain_length.py``). A request held at k = 0 (its estimate
-aging: ``relax``) probes with k = 1 after ``probe_every`` such steps. A head's chain drafted for it
-is verified, at k = 0 where that pays, whichever drafter the bandit picks next, and a turn to a
-head is priced over the two steps it takes (``head_chains.py``)."""
+the longest chain the step may draft (``chain_length.py``). Held at k = 0 by the controller (not
+the guard), a request probes with k = 1 after ``probe_every`` such steps. A head's chain drafted
+for it is verified, at k = 0 where that pays, whichever drafter the bandit picks next; a turn to
+a head is priced over its two steps (``head_chains.py``)."""
 
 from __future__ import annotations
 
@@ -222,7 +222,7 @@ class LearnedPolicy:
             elif d is not None and not k and s.idle >= self.cfg.probe_every:
                 k = 1
             k = min(k, r.remaining - 1)
-            s.idle = 0 if k > 0 else s.idle + 1
+            s.idle = 0 if k > 0 else s.idle + (d is not None)  # the guard's: no
             out.append(k)
         turns(requests, drafters, out, self.heads, self.controller, prefill)
         return out
@@ -316,9 +316,9 @@ class LearnedPolicy:
                 self.controller.observe(r.request_id, choice.drafter, choice.k, first)
             return
         if choice.drafter is None:
-            state.idle += max(0, r.emitted - 1)  # a hold's further forwards: steps at k = 0
             if chosen is not None:  # the bandit's pick gave a plain step: its tokens (several
                 # in a hold) to the bandit, a step of aging per forward to the estimate
+                state.idle += max(0, r.emitted - 1)  # a hold's further forwards: at k = 0
                 self.selector.update(r.request_id, chosen, r.emitted or 1, draft_s + verify_s)
                 self.controller.tracker.relax(r.request_id, chosen, max(1, r.emitted))
             return

@@ -105,6 +105,11 @@ class ServeConfig:
     drafts on CPU, the same output; only on the CPU in float32), or 'auto' (int8 where the
     drafters run on the CPU in float32 and this torch has the kernels, else none). The cost
     model is measured again when its file was measured with other drafter weights."""
+    step_times: Literal["auto", "measure", "off"] = "auto"
+    """What each service does with its step times at start (``spin verifier --step-times``):
+    'auto' loads them from the cache of an earlier start or measures them (tens of seconds per
+    service on a CPU), 'measure' always measures, 'off' reports none (the router then needs a
+    cost model file, or plans k from its batch-size table: enough for ``policy="fixed"``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every child (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``), over this
     process's."""
@@ -282,12 +287,14 @@ class Embedded:
         verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
         self.children.append(Child("verifier", spin_argv(
             "verifier", "--model", target, "--threads", str(threads), *head_argv(cfg),
+            "--step-times", cfg.step_times,
             *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
         drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)
         for name, model in drafter_models.items():
             self.children.append(Child(f"drafter-{name}", spin_argv(
                 "drafter", "--model", model, "--name", name, "--threads",
-                str(cfg.drafter_threads), *server_argv(loopback, side_cpus),
+                str(cfg.drafter_threads), "--step-times", cfg.step_times,
+                *server_argv(loopback, side_cpus),
                 *runner_argv(drafter)), cfg.log_dir, env))
         for c in self.children:
             c.wait_ready(self.timeout_s)

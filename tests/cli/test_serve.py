@@ -31,6 +31,7 @@ def test_serve_defaults_are_the_routers() -> None:
     cfg = serve_config(parser().parse_args(["serve"]))
     assert cfg.router == RouterConfig() and cfg.runner == RunnerConfig()
     assert (cfg.port, cfg.metrics_port, cfg.redis, cfg.cpus) == (50051, 0, True, "shared")
+    assert cfg.step_times == "auto"
 
 
 def test_serve_flags_reach_the_router_child(tmp_path) -> None:
@@ -39,7 +40,8 @@ def test_serve_flags_reach_the_router_child(tmp_path) -> None:
         "--max-queue", "9", "--micro-batches", "2", "--policy", "fixed",
         "--policy-config", '{"score_rounds": 2}', "--drafter", "d=/models/d",
         "--kv-cache-memory", "64MiB", "--no-redis", "--cpus", "split",
-        "--step-trace", "steps.jsonl", "--no-suffix-decoding", "--suffix-store-tokens", "500"]))
+        "--step-trace", "steps.jsonl", "--no-suffix-decoding", "--suffix-store-tokens", "500",
+        "--step-times", "off"]))
     # the router child runs elsewhere: a relative trace path is made absolute here
     assert cfg.router == RouterConfig(default_drafter=None, default_k=3, policy="fixed",
                                       policy_config={"score_rounds": 2},
@@ -48,7 +50,7 @@ def test_serve_flags_reach_the_router_child(tmp_path) -> None:
                                           step_trace=str(Path.cwd() / "steps.jsonl"),
                                           suffix_decoding=False, suffix_store_tokens=500))
     assert cfg.drafter_models == {"d": "/models/d"} and cfg.runner.kv_cache_memory == 64 << 20
-    assert (cfg.redis, cfg.cpus) == (False, "split")
+    assert (cfg.redis, cfg.cpus, cfg.step_times) == (False, "split", "off")
     child = replace(cfg.router, verifier="127.0.0.1:1", tokenizer="/models/t",
                     drafters={"d": "127.0.0.1:2"}, cost_model="build/cost_model.json")
     (tmp_path / "router.json").write_text(to_json(child))

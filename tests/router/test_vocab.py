@@ -55,7 +55,7 @@ def test_spin_serve_with_your_own_models(models, tmp_path: Path) -> None:
                       drafter_models={"qwen-draft": str(models["draft"]),
                                       "other-tokenizer": str(models["other"])},
                       router=RouterConfig(policy="fixed", default_drafter="prompt-lookup"),
-                      redis=False,
+                      redis=False, step_times="off",  # a fixed policy needs no cost model
                       log_dir=tmp_path, runner=RunnerConfig(kv_cache_memory=parse_size("64MiB")),
                       drafter_kv_cache_memory=parse_size("32MiB"))
     ids = list(prompts(1, ARCHS["qwen2"].tokens, seed=5)[0])

@@ -86,6 +86,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--drafter-kv-cache-memory", type=size, metavar="SIZE",
                     help="each drafter's KV cache budget (default: its device's default: "
                          "512MiB on the CPU, its share of the GPU on CUDA)")
+    sv.add_argument("--step-times", choices=("auto", "measure", "off"), default="auto",
+                    help="each service's step times at start, which the router fits its cost "
+                         "model from (auto: from the cache of an earlier start, else measured; "
+                         "off: none, enough for --policy fixed)")
     sv.add_argument("--dry-run", action="store_true",
                     help="print what each service would load and hold (weights, KV bytes per "
                          "token, blocks, concurrent tokens), then exit (1 if one cannot fit)")
@@ -139,6 +143,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                        drafter_models=drafter_models, heads=heads,
                        runner=runner_config(args),
                        drafter_kv_cache_memory=args.drafter_kv_cache_memory,
+                       step_times=args.step_times,
                        restart=RestartPolicy(max_restarts=args.max_restarts),
                        http_port=args.http_port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                        **({"log_dir": args.log_dir} if args.log_dir else {}))

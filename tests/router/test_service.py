@@ -244,6 +244,7 @@ def test_loadgen_against_spin_serve(serving, tmp_path: Path) -> None:
     out = tmp_path / "loadgen.json"
     r = subprocess.run([sys.executable, "-m", "loadgen", "--endpoint", serving.endpoint,
                         "--num-prompts", "64", "--rate", "inf", "--max-concurrency", "32",
+                        "--max-tokens", "48",  # the bar is the load, not the length
                         "--check-lossless", "--json", str(out)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]

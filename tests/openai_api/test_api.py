@@ -255,8 +255,8 @@ def test_health_and_openapi_need_no_key(served: Served) -> None:
 @pytest.fixture
 def short_context(tmp_path: Path):
     """A server whose context is 128 tokens: a chat request without ``max_tokens`` generates
-    what the context leaves, and the fuzz's requests then each ran to the model's whole context
-    (the schema advertises the bound, so the fuzzer keeps to it)."""
+    what the context leaves, so against the default context each fuzzed request ran to the
+    model's whole context (the same 34 cases fuzzed in 74 s there, 9 s here)."""
     s = _start(tmp_path / "serve", "--max-model-len", "128")
     yield s
     _stop(s)

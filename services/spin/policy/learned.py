@@ -222,7 +222,7 @@ class LearnedPolicy:
             elif d is not None and not k and s.idle >= self.cfg.probe_every:
                 k = 1
             k = min(k, r.remaining - 1)
-            s.idle = 0 if k > 0 else s.idle + (d is not None)  # the guard's: no
+            s.idle = 0 if k > 0 else s.idle + (d is not None)  # guard-plain: not counted
             out.append(k)
         turns(requests, drafters, out, self.heads, self.controller, prefill)
         return out

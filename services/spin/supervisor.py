@@ -76,6 +76,7 @@ class Child:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
                                      env=env, start_new_session=True,
                                      preexec_fn=die_with_parent())
+        self._terminated = False
         self.port = 0
         self.metrics_port = 0
         self.http_port = 0
@@ -119,9 +120,15 @@ class Child:
                                                            self.http_port)
         return child
 
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM, once: it drains, then exits); ``stop`` waits for it."""
+        if self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, grace_s: float) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:

@@ -24,12 +24,12 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from ..engine.drafter import ModelDrafter, PromptLookupDrafter
-from ..engine.engine import GenerationRequest, SpecEngine
+from ..engine.engine import GenerationRequest, SpecEngine, StepTimes
 from ..engine.model_runner import RunnerConfig
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import Verifier
 from ..router.config import RouterConfig
-from ..serve import Embedded, ServeConfig
+from ..serve import Embedded, ServeConfig, drafter_quantization
 from ..v1 import generation_pb2, generation_pb2_grpc
 from ..zoo.corpus import heldout_prompts
 from ..zoo.report import family_members
@@ -93,25 +93,40 @@ def prompt_ids(cfg: ServicesBenchConfig) -> list[tuple[int, ...]]:
     return prompts
 
 
-def _engine(cfg: ServicesBenchConfig) -> SpecEngine:
-    """The in-process side: the target and the drafter in this process."""
+def _engine(cfg: ServicesBenchConfig, quantize: str = "none") -> SpecEngine:
+    """The in-process side: the target and the drafter in this process, the drafter's weights
+    ``quantize``d (the services' drafters' weights)."""
     fam, runner = cfg.family_dir, replace(cfg.runner, max_seqs=2)
     drafter = (PromptLookupDrafter() if cfg.drafter == PROMPT_LOOKUP
-               else ModelDrafter(cfg.drafter, runner.load(fam / cfg.drafter)))
+               else ModelDrafter(cfg.drafter,
+                                 replace(runner, quantize=quantize).load(fam / cfg.drafter)))
     verifier = Verifier(runner.load(fam / "target"))
     for r in [verifier.runner] + ([drafter.runner] if isinstance(drafter, ModelDrafter) else []):
         r.capture_graphs()  # as the services do at start (CUDA; none on the CPU)
     return SpecEngine(verifier, {cfg.drafter: drafter})
 
 
+def _service_times(emb: Embedded) -> dict[str, float]:
+    """Each service's ``spin:service_batch_seconds`` sum, by role (its compute, summed)."""
+    out: dict[str, float] = {}
+    for child in emb.children:
+        if child.metrics_port and child is not emb.router:
+            for key, value in scrape(child.metrics_port).items():
+                if key.startswith("spin:service_batch_seconds_sum{"):
+                    role = "draft" if 'role="drafter"' in key else "verify"
+                    out[role] = out.get(role, 0.0) + value
+    return out
+
+
 def _compare(emb: Embedded, engine: SpecEngine, prompts: list[tuple[int, ...]],
              cfg: ServicesBenchConfig) -> dict:
     """Every prompt in process and through the services, speculation on and off: the seconds
-    of each, per-prompt ratios, tokens and steps, the router's histograms diffed per kind."""
+    of each, per-prompt ratios, tokens and steps, the router's histograms and the services'
+    compute diffed per kind, the in-process engine's draft and verify seconds (speculation on)."""
     out: dict = {"secs": {"inproc_on": 0.0, "inproc_off": 0.0, "rpc_on": 0.0, "rpc_off": 0.0},
                  "per_prompt_ratio": [], "lossless": True, "tokens": 0, "steps": 0,
-                 "diff": {"on": {}, "off": {}}}
-    secs, diff = out["secs"], out["diff"]
+                 "diff": {"on": {}, "off": {}}, "engine_on": StepTimes()}
+    secs, diff, engine_on = out["secs"], out["diff"], out["engine_on"]
     with grpc.insecure_channel(emb.endpoint) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         _stream(stub, prompts[0][:8], cfg, True)  # warm-up: connections, first forwards
@@ -119,19 +134,23 @@ def _compare(emb: Embedded, engine: SpecEngine, prompts: list[tuple[int, ...]],
         port = emb.router.metrics_port
 
         def measured(kind: str, fn):
-            before = _router_times(port)
+            before = {**_router_times(port), **_service_times(emb)}
             result = fn()
-            after = _router_times(port)
+            after = {**_router_times(port), **_service_times(emb)}
             for key, value in after.items():
                 diff[kind][key] = diff[kind].get(key, 0.0) + value - before.get(key, 0.0)
             return result
 
         for i, p in enumerate(tqdm(prompts, desc="bench services", unit="prompt")):
-            t = time.perf_counter()
+            t, times = time.perf_counter(), replace(engine.times)
             (res,) = engine.generate([GenerationRequest(f"p{i}", p, cfg.new_tokens,
                                                         drafter=cfg.drafter, k=cfg.k,
                                                         stop_at_eos=False)])
             t_in = time.perf_counter() - t
+            engine_on.steps += engine.times.steps - times.steps
+            engine_on.draft_s += engine.times.draft_s - times.draft_s
+            engine_on.verify_s += engine.times.verify_s - times.verify_s
+            engine_on.total_s += engine.times.total_s - times.total_s
             ids, t_rpc = measured("on", lambda: _stream(stub, p, cfg, True))
             t = time.perf_counter()
             (alone,) = engine.generate([GenerationRequest(f"q{i}", p, cfg.new_tokens,
@@ -153,21 +172,23 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
     if cfg.drafter is None:
         cfg = replace(cfg, drafter=family_members(fam)[0])
     prompts = prompt_ids(cfg)
-    engine = _engine(cfg)
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
     names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
-    # the services serve what the engine in process holds: this drafter, no draft head (a
-    # head makes every verification keep three layers' inputs)
-    emb = Embedded(ServeConfig(family_dir=fam, port=0, drafters=names, redis=False, heads={},
-                               log_dir=log_dir, router=RouterConfig(policy="fixed"),
-                               runner=cfg.runner,
-                               drafter_kv_cache_memory=cfg.runner.kv_cache_memory))
+    # the services serve what the engine in process holds: this drafter with the same weights,
+    # no draft head (a head makes every verification keep three layers' inputs)
+    serve = ServeConfig(family_dir=fam, port=0, drafters=names, redis=False, heads={},
+                        log_dir=log_dir, router=RouterConfig(policy="fixed"), runner=cfg.runner,
+                        drafter_kv_cache_memory=cfg.runner.kv_cache_memory)
+    quantize = drafter_quantization(serve)
+    engine = _engine(cfg, quantize)
+    emb = Embedded(serve)
     emb.start(cfg.start_timeout_s)
     try:
         got = _compare(emb, engine, prompts, cfg)
     finally:
         emb.stop()
     secs, diff, tokens, steps = got["secs"], got["diff"], got["tokens"], got["steps"]
+    engine_on: StepTimes = got["engine_on"]
     per_prompt_ratio, lossless = got["per_prompt_ratio"], got["lossless"]
     rate = {k: tokens / v for k, v in secs.items()}
 
@@ -177,7 +198,9 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
                 "step": 1e3 * d.get("spin:step_seconds_sum", 0.0) / n,
                 "draft_wait": 1e3 * d.get("spin:step_draft_seconds_sum", 0.0) / n,
                 "verify_wait": 1e3 * d.get("spin:step_verify_seconds_sum", 0.0) / n,
-                "rpc_overhead": 1e3 * d.get("spin:step_rpc_overhead_seconds_sum", 0.0) / n}
+                "rpc_overhead": 1e3 * d.get("spin:step_rpc_overhead_seconds_sum", 0.0) / n,
+                "draft_compute": 1e3 * d.get("draft", 0.0) / n,
+                "verify_compute": 1e3 * d.get("verify", 0.0) / n}
 
     return {
         "drafter": cfg.drafter, "k": cfg.k, "prompts": len(prompts), "new_tokens": cfg.new_tokens,
@@ -188,6 +211,10 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
         "ratio_median_per_prompt": statistics.median(per_prompt_ratio),
         "tau": tokens / steps,
         "inprocess_step_ms": 1e3 * secs["inproc_on"] / steps,
+        "drafter_weights": quantize,
+        "inprocess_split_ms": {"steps": engine_on.steps,
+                               "draft": 1e3 * engine_on.draft_s / max(engine_on.steps, 1),
+                               "verify": 1e3 * engine_on.verify_s / max(engine_on.steps, 1)},
         "router_step_ms": split(diff["on"]),
         "router_step_ms_off": split(diff["off"]),
     }

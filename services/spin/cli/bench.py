@@ -244,8 +244,12 @@ def _bench_services(args: argparse.Namespace) -> int:
         print(f"router step, speculation {label:3s} (mean of {st['steps']}): {st['step']:.2f} ms = "
               f"draft wait {st['draft_wait']:.2f} + verify wait {st['verify_wait']:.2f} "
               f"(+ bookkeeping); RPC overhead {st['rpc_overhead']:.2f} ms per step")
-    print(f"in-process step with speculation: {r['inprocess_step_ms']:.2f} ms; "
-          f"lossless: {r['lossless']}")
+    on, inproc = r["router_step_ms"], r["inprocess_split_ms"]
+    print(f"with speculation, per step: in process {r['inprocess_step_ms']:.2f} ms (draft "
+          f"{inproc['draft']:.2f} + verify {inproc['verify']:.2f}); services {on['step']:.2f} ms "
+          f"(draft {on['draft_compute']:.2f} + verify {on['verify_compute']:.2f} computing, "
+          f"{on['step'] - on['draft_compute'] - on['verify_compute']:.2f} in RPCs and the "
+          f"router); drafter weights {r['drafter_weights']}; lossless: {r['lossless']}")
     write_json(args.json, r)
     return 0 if r["lossless"] else 1
 

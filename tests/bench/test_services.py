@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spin.bench.services import ServicesBenchConfig, _engine, run_services_bench
+from spin.bench.services import ServicesBenchConfig, _engine, run_services_bench, summary
 from spin.engine.quant import Int8Linear
 from spin.serve import ServeConfig, drafter_quantization
 
@@ -40,3 +40,12 @@ def test_the_engine_in_process_drafts_with_the_services_drafter_weights(report: 
     cfg = ServicesBenchConfig(family_dir=family_dir, drafter=report["drafter"])
     runner = _engine(cfg, quantize).drafters[report["drafter"]].runner
     assert isinstance(runner.lm_head, Int8Linear) == (quantize == "int8")
+
+
+def test_the_summary_says_where_the_services_step_goes(report: dict) -> None:
+    text = summary(report)
+    on = report["router_step_ms"]
+    rest = on["step"] - on["draft_compute"] - on["verify_compute"]
+    assert f"{rest:.2f} in RPCs and the router" in text
+    assert f"= {report['ratio_services_vs_inprocess']:.2f}x" in text
+    assert text.endswith("lossless: True")

@@ -218,3 +218,27 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
         "router_step_ms": split(diff["on"]),
         "router_step_ms_off": split(diff["off"]),
     }
+
+
+def summary(r: dict) -> str:
+    """The report of ``run_services_bench`` as ``spin bench services`` prints it."""
+    t, on, inproc = r["tok_s"], r["router_step_ms"], r["inprocess_split_ms"]
+    lines = [f"{r['drafter']} k={r['k']}, {r['prompts']} prompts x {r['new_tokens']} tokens, "
+             f"tau {r['tau']:.2f}",
+             f"speculation on : in process {t['inproc_on']:7.1f} tok/s | services "
+             f"{t['rpc_on']:7.1f} tok/s = {r['ratio_services_vs_inprocess']:.2f}x "
+             f"(median per prompt {r['ratio_median_per_prompt']:.2f}x)",
+             f"speculation off: in process {t['inproc_off']:7.1f} tok/s | services "
+             f"{t['rpc_off']:7.1f} tok/s = {r['ratio_services_vs_inprocess_off']:.2f}x"]
+    for label, st in (("on", on), ("off", r["router_step_ms_off"])):
+        lines.append(f"router step, speculation {label:3s} (mean of {st['steps']}): "
+                     f"{st['step']:.2f} ms = draft wait {st['draft_wait']:.2f} + verify wait "
+                     f"{st['verify_wait']:.2f} (+ bookkeeping); RPC overhead "
+                     f"{st['rpc_overhead']:.2f} ms per step")
+    lines.append(f"with speculation, per step: in process {r['inprocess_step_ms']:.2f} ms (draft "
+                 f"{inproc['draft']:.2f} + verify {inproc['verify']:.2f}); services "
+                 f"{on['step']:.2f} ms (draft {on['draft_compute']:.2f} + verify "
+                 f"{on['verify_compute']:.2f} computing, "
+                 f"{on['step'] - on['draft_compute'] - on['verify_compute']:.2f} in RPCs and the "
+                 f"router); drafter weights {r['drafter_weights']}; lossless: {r['lossless']}")
+    return "\n".join(lines)

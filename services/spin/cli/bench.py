@@ -228,28 +228,11 @@ def _bench_attention(args: argparse.Namespace) -> int:
 
 
 def _bench_services(args: argparse.Namespace) -> int:
-    from ..bench.services import ServicesBenchConfig, run_services_bench
+    from ..bench.services import ServicesBenchConfig, run_services_bench, summary
 
     r = run_services_bench(ServicesBenchConfig(family_dir=args.family_dir, drafter=args.drafter,
                                                k=args.k, prompts=args.prompts))
-    t = r["tok_s"]
-    print(f"{r['drafter']} k={r['k']}, {r['prompts']} prompts x {r['new_tokens']} tokens, "
-          f"tau {r['tau']:.2f}")
-    print(f"speculation on : in process {t['inproc_on']:7.1f} tok/s | services {t['rpc_on']:7.1f} "
-          f"tok/s = {r['ratio_services_vs_inprocess']:.2f}x "
-          f"(median per prompt {r['ratio_median_per_prompt']:.2f}x)")
-    print(f"speculation off: in process {t['inproc_off']:7.1f} tok/s | services "
-          f"{t['rpc_off']:7.1f} tok/s = {r['ratio_services_vs_inprocess_off']:.2f}x")
-    for label, st in (("on", r["router_step_ms"]), ("off", r["router_step_ms_off"])):
-        print(f"router step, speculation {label:3s} (mean of {st['steps']}): {st['step']:.2f} ms = "
-              f"draft wait {st['draft_wait']:.2f} + verify wait {st['verify_wait']:.2f} "
-              f"(+ bookkeeping); RPC overhead {st['rpc_overhead']:.2f} ms per step")
-    on, inproc = r["router_step_ms"], r["inprocess_split_ms"]
-    print(f"with speculation, per step: in process {r['inprocess_step_ms']:.2f} ms (draft "
-          f"{inproc['draft']:.2f} + verify {inproc['verify']:.2f}); services {on['step']:.2f} ms "
-          f"(draft {on['draft_compute']:.2f} + verify {on['verify_compute']:.2f} computing, "
-          f"{on['step'] - on['draft_compute'] - on['verify_compute']:.2f} in RPCs and the "
-          f"router); drafter weights {r['drafter_weights']}; lossless: {r['lossless']}")
+    print(summary(r))
     write_json(args.json, r)
     return 0 if r["lossless"] else 1
 

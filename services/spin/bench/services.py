@@ -27,6 +27,7 @@ from ..engine.drafter import ModelDrafter, PromptLookupDrafter
 from ..engine.engine import GenerationRequest, SpecEngine, StepTimes
 from ..engine.model_runner import RunnerConfig
 from ..engine.prompt_lookup import PROMPT_LOOKUP
+from ..engine.quant import Quantization
 from ..engine.verifier import Verifier
 from ..router.config import RouterConfig
 from ..serve import Embedded, ServeConfig, drafter_quantization
@@ -93,7 +94,7 @@ def prompt_ids(cfg: ServicesBenchConfig) -> list[tuple[int, ...]]:
     return prompts
 
 
-def _engine(cfg: ServicesBenchConfig, quantize: str = "none") -> SpecEngine:
+def _engine(cfg: ServicesBenchConfig, quantize: Quantization = "none") -> SpecEngine:
     """The in-process side: the target and the drafter in this process, the drafter's weights
     ``quantize``d (the services' drafters' weights)."""
     fam, runner = cfg.family_dir, replace(cfg.runner, max_seqs=2)

@@ -151,7 +151,6 @@ def _compare(emb: Embedded, engine: SpecEngine, prompts: list[tuple[int, ...]],
             engine_on.steps += engine.times.steps - times.steps
             engine_on.draft_s += engine.times.draft_s - times.draft_s
             engine_on.verify_s += engine.times.verify_s - times.verify_s
-            engine_on.total_s += engine.times.total_s - times.total_s
             ids, t_rpc = measured("on", lambda: _stream(stub, p, cfg, True))
             t = time.perf_counter()
             (alone,) = engine.generate([GenerationRequest(f"q{i}", p, cfg.new_tokens,

@@ -135,6 +135,43 @@ def test_the_family_head_is_served_unless_the_target_is_ones_own(tmp_path) -> No
     assert head_argv(mine) == ["--head", "h=/opt/h"]
 
 
+def test_colocated_drafters_run_in_the_verifier_losslessly(tmp_path: Path) -> None:
+    """``colocate``: the drafter loads inside the verifier (no process of its own), the router
+    drafts with it as with a head, and the output is the target's own."""
+    router = RouterConfig(policy="fixed", default_drafter="draft-code", default_k=4)
+    with Embedded(ServeConfig(port=0, drafters=["draft-code", "draft-prose"], heads={},
+                              colocate=("draft-code",), redis=False, log_dir=tmp_path,
+                              router=router)) as emb:
+        assert sorted(c.role for c in emb.children) == ["drafter-draft-prose", "router",
+                                                        "verifier"]
+        assert "--colocate draft-code=" in " ".join(emb.child("verifier", "verifier").proc.args)
+        prompts = [PROMPT, "import os\nimport sys\n\n", "def main():\n"]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            spec = list(pool.map(lambda p: collect(emb.endpoint, request(
+                p, max_tokens=32, mode="drafter", drafter="draft-code", k=4,
+                ignore_eos=True)), prompts))
+        off = [collect(emb.endpoint, request(p, max_tokens=32, mode="off", ignore_eos=True))[0]
+               for p in prompts]
+        assert [ids for ids, _, _ in spec] == off
+        used = [d for _, _, last in spec for d in last.speculation.drafters]
+        assert {d.drafter for d in used} == {"draft-code"} and sum(d.accepted_tokens for d in used) > 0
+
+
+def test_colocate_names_drafters_that_are_served() -> None:
+    from spin.serve import colocated_names
+
+    both = ServeConfig(drafters=["draft-code", "draft-prose"])
+    assert colocated_names(both) == []
+    assert colocated_names(ServeConfig(drafters=["draft-code"], colocate=("all",))) == [
+        "draft-code"]
+    with pytest.raises(ValueError, match="--colocate draft-x: not a draft model served here "
+                                         r"\(draft-code, draft-prose\)"):
+        colocated_names(ServeConfig(drafters=["draft-code", "draft-prose"],
+                                    colocate=("draft-x",)))
+    with pytest.raises(ValueError, match="--colocate draft-x"):  # before any child starts
+        Embedded(ServeConfig(drafters=["draft-code"], colocate=("draft-x",))).start()
+
+
 def test_stop_drains_the_routers_first_then_stops_the_services_at_once() -> None:
     """The routers stop one by one (their requests drain); then every service is asked to stop
     before any is waited for, so their exits overlap (a demo deployment stopped in 5.7 s

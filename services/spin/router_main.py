@@ -26,7 +26,7 @@ from .openai_api.chat import ChatTemplate
 from .openai_api.server import HttpConfig, HttpServer
 from .policy.base import FixedPolicy, Policy
 from .router.admission import KVBudget
-from .router.config import RouterConfig, SchedulerConfig
+from .router.config import RouterConfig, SchedulerConfig, unknown_default_drafter
 from .router.cost import ReplicaCosts
 from .router.discovery import Endpoints, KubernetesDiscovery
 from .router.frontend import Frontend
@@ -154,6 +154,8 @@ async def _main(cfg: RouterConfig, server_cfg: ServerConfig, policy: Policy | No
     if policy is None:
         policy = _policy(cfg, store, replicas.costs.model())
     replicas.costs.on_model = policy.set_cost_model
+    if problem := unknown_default_drafter(cfg, list(info.heads)):
+        raise SystemExit(f"spin router: {problem}")
     heads = tuple(DraftHead(n, lambda: replicas.verifier.available) for n in info.heads)
     if heads:
         log.info("the verifier serves draft heads %s", ", ".join(info.heads))

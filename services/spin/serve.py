@@ -2,8 +2,8 @@
 
 ``Embedded`` starts a ``redis-server`` for acceptance statistics (or, without the binary, keeps
 them in the router's process, with a warning), the verifier with the demo target, one drafter
-per demo draft model, and the router, waits for each to report ready, and stops them router
-first, so in-flight requests drain (``cli/serve.py`` prints the endpoint and stops on Ctrl-C or
+per demo draft model (or inside the verifier: ``colocate``), and the router, waits for each to
+report ready, and stops them router first, so in-flight requests drain (``cli/serve.py`` prints the endpoint and stops on Ctrl-C or
 SIGTERM). Each child's log goes to ``build/serve/<role>.log``. A child that exits is started
 again on its ports, and no child outlives ``spin serve`` (``supervisor.py``).
 
@@ -35,8 +35,7 @@ from .cpus import available_cpus, format_cpus, split
 from .engine.eagle import ARCHITECTURE as EAGLE3
 from .engine.memory import resolve_device
 from .engine.model_runner import RunnerConfig
-from .engine.quant import Quantization
-from .engine.quant import resolve as resolve_quantize
+from .engine.quant import Quantization, resolve as resolve_quantize
 from .router.config import RouterConfig, from_json, to_json
 from .rpc.serving import ServerConfig
 from .supervisor import Child, RestartPolicy, die_with_parent
@@ -66,6 +65,9 @@ class ServeConfig:
     """EAGLE-3 draft heads the verifier serves (drafting inside it), name -> checkpoint
     directory; None: the family's (``family_heads``), or none with a ``target`` of one's own
     (a head belongs to the target it was trained for)."""
+    colocate: tuple[str, ...] = ()
+    """Draft models served ('all': every one) loaded inside the verifier instead of as services:
+    each drafts after the verdict, in the verifier's call (``engine/colocated.py``)."""
     drafter_kv_cache_memory: int | None = None
     """Each drafter's KV cache budget (bytes; None: the default of its device)."""
     host: str = "127.0.0.1"
@@ -192,6 +194,15 @@ def models(cfg: ServeConfig) -> tuple[str, dict[str, str]]:
     return target, {n: str(cfg.family_dir / n) for n in names}
 
 
+def colocated_names(cfg: ServeConfig) -> list[str]:
+    """The draft models loaded inside the verifier; ValueError naming one not served."""
+    served = list(models(cfg)[1])
+    if unknown := sorted(set(cfg.colocate) - set(served) - {"all"}):
+        raise ValueError(f"--colocate {', '.join(unknown)}: not a draft model served here "
+                         f"({', '.join(served) or 'none'})")
+    return served if "all" in cfg.colocate else list(dict.fromkeys(cfg.colocate))
+
+
 def family_heads(family_dir: Path) -> dict[str, str]:
     """The EAGLE-3 heads of a family: its directories whose config names that architecture."""
     out = {}
@@ -247,18 +258,17 @@ class Embedded:
 
     def start(self, timeout_s: float = 180.0) -> Embedded:
         """Start redis-server, the verifier and drafters, then the router; each waited for.
-        ValueError (before anything starts) for drafter weights that cannot run."""
+        ValueError (before anything starts) for drafters that cannot run or are not served."""
         cfg, self.timeout_s = self.cfg, timeout_s
         quantize = drafter_quantization(cfg)
+        colocated_names(cfg)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         # PASSIVE: an idle OpenMP pool sleeps instead of spinning. The processes take turns on
         # the same cores (draft, then verify), and a spinning pool would steal them from the one
         # computing (measured: single stream 151 vs 120 tokens/s on 2 cores). GOMP_SPINCOUNT: it
-        # spins a little first, so a forward's next operator finds its threads awake (each
-        # service computes on one thread, ``rpc.serving.torch_worker``, without which libgomp
-        # hardly spins): `spin bench services` 0.87-0.88x in process with speculation, 0.91-0.93x
-        # without, against 0.71-0.76x and 0.81-0.86x sleeping at once (3,000: 0.84x, 0.91x;
-        # 30,000: 0.81-0.85x, 0.91-0.93x).
+        # spins a little first, so a forward's next operator finds its threads awake (`spin
+        # bench services` 0.87-0.88x in process against 0.71-0.76x sleeping at once; 3,000:
+        # 0.84x; 30,000: 0.81-0.85x; each service computes on one ``torch_worker`` thread).
         env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                    GOMP_SPINCOUNT=os.environ.get("GOMP_SPINCOUNT", "10000"))
@@ -281,12 +291,15 @@ class Embedded:
         checkpoint."""
         cfg = self.cfg
         target, drafter_models = models(cfg)
+        colocate = [a for n in colocated_names(cfg)
+                    for a in ("--colocate", f"{n}={drafter_models.pop(n)}")]
         threads = len(verifier_cpus) if verifier_cpus is not None else cfg.threads
         share = (VERIFIER_GPU_SHARE, (1 - VERIFIER_GPU_SHARE) / max(1, len(drafter_models)))
         loopback = ServerConfig(port=0, metrics_port=0)
         verifier = service_runner(cfg.runner, cfg.runner.kv_cache_memory, share[0])
         self.children.append(Child("verifier", spin_argv(
             "verifier", "--model", target, "--threads", str(threads), *head_argv(cfg),
+            *colocate, *(("--colocate-quantize", quantize) if colocate else ()),
             "--step-times", cfg.step_times,
             *server_argv(loopback, verifier_cpus), *runner_argv(verifier)), cfg.log_dir, env))
         drafter = service_runner(cfg.runner, cfg.drafter_kv_cache_memory, share[1], quantize)

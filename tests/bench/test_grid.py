@@ -99,6 +99,22 @@ def test_tuning_runs_time_other_prompts_than_the_reported_ones() -> None:
         assert tuning and evaluation and not tuning & evaluation, prompts
 
 
+def test_a_variants_deployment_key_is_what_it_serves_not_a_policy_setting() -> None:
+    from spin.bench.grid import deployment_options, policy_config
+    from spin.cli.bench_grid import grid_variants
+
+    variants = grid_variants(['inside={"deployment": {"colocate": ["all"]}, "trees": false}'],
+                             {}, None)
+    cfg = GridConfig(variants=variants)
+    assert policy_config(cfg, "inside") == {"trees": False}
+    assert deployment_options(variants["inside"]) == {"colocate": ["all"]}
+    assert deployment_options({}) == {}
+    for bad in ('{"deployment": {"cpus": "split"}}', '{"deployment": {"colocate": [1]}}',
+                '{"deployment": ["all"]}'):
+        with pytest.raises(ValueError, match='--variant v: "deployment"'):
+            grid_variants([f"v={bad}"], {}, None)
+
+
 def test_a_variant_is_auto_on_a_deployment_of_its_own_with_its_settings_merged() -> None:
     """``--variant``: auto with other settings, a mode of its own, its overrides applied key by
     key over ``--policy-config`` (the other settings of a nested group kept)."""

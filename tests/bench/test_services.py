@@ -1,5 +1,6 @@
-"""``spin bench services``: one prompt in process and through the services, lossless, with the
-step of each side split into drafting, verification and (services) RPCs and the router."""
+"""``spin bench services``: one prompt in process and through the services (the drafter a service
+of its own, then inside the verifier), lossless, with the step of each side split into drafting,
+verification and (services) RPCs and the router."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from spin.serve import ServeConfig, drafter_quantization
 @pytest.fixture(scope="module")
 def report(family_dir) -> dict:
     return run_services_bench(ServicesBenchConfig(family_dir=family_dir, prompts=1,
-                                                  new_tokens=24))
+                                                  new_tokens=24, colocate=True))
 
 
 def test_both_sides_emit_the_same_tokens_and_split_their_steps(report: dict) -> None:
@@ -49,3 +50,15 @@ def test_the_summary_says_where_the_services_step_goes(report: dict) -> None:
     assert f"{rest:.2f} in RPCs and the router" in text
     assert f"= {report['ratio_services_vs_inprocess']:.2f}x" in text
     assert text.endswith("lossless: True")
+    assert "(a service of its own)" in text and "(inside the verifier)" in text
+
+
+def test_a_drafter_inside_the_verifier_is_one_call_a_step(report: dict) -> None:
+    """No drafter service: the router waits for no draft and the verifier's compute holds the
+    drafting; the in-process engine drafts and verifies as before."""
+    co = report["colocated"]
+    assert co["lossless"] is True and co["drafter_in_verifier"] is True
+    on = co["router_step_ms"]
+    assert on["draft_compute"] == 0.0 and on["draft_wait"] < 0.25 * on["verify_wait"]
+    assert 0 < on["verify_compute"] < on["verify_wait"]
+    assert co["inprocess_split_ms"]["draft"] > 0

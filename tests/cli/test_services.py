@@ -131,6 +131,19 @@ def test_a_config_file_is_checked(tmp_path: Path) -> None:
         parse(["--config", config_file(tmp_path, replace(DEFAULTS, policy_config={"nope": 1}))])
 
 
+def test_a_default_drafter_is_checked_against_the_drafters_and_the_verifiers() -> None:
+    from spin.router.config import unknown_default_drafter
+
+    cfg = parse(["--tokenizer", "t", "--verifier", "h:1", "--drafter", "a=h:2",
+                 "--default-drafter", "d"])  # parses: the verifier may serve d
+    assert unknown_default_drafter(cfg, ["d"]) is None
+    assert unknown_default_drafter(replace(cfg, default_drafter="a")) is None
+    assert unknown_default_drafter(replace(cfg, default_drafter="prompt-lookup")) is None
+    assert unknown_default_drafter(cfg, ["eagle"]) == (
+        "--default-drafter 'd' is not one of the drafters ['a', 'grammar', 'prediction', "
+        "'prompt-lookup', 'suffix']; inside the verifier: ['eagle']")
+
+
 def test_the_router_parser_refuses_what_it_always_did() -> None:
     with pytest.raises(ValueError, match="NAME=HOST:PORT"):
         parse(["--tokenizer", "t", "--verifier", "h:1", "--drafter", "draft-code"])
@@ -138,10 +151,6 @@ def test_the_router_parser_refuses_what_it_always_did() -> None:
         parse(["--tokenizer", "t"])
     with pytest.raises(ValueError, match="needs --label-selector"):
         parse(["--tokenizer", "t", "--discovery", "kubernetes"])
-    with pytest.raises(ValueError,
-                       match=r"'d' is not one of the drafters \['grammar', 'prediction', "
-                             r"'prompt-lookup', 'suffix'\]"):
-        parse(["--tokenizer", "t", "--verifier", "h:1", "--default-drafter", "d"])
     with pytest.raises(ValueError, match="--policy-config: not JSON"):
         parse(["--tokenizer", "t", "--verifier", "h:1", "--policy-config", "{x"])
     with pytest.raises(ValueError, match="--suffix-share needs --redis-url"):

@@ -234,6 +234,10 @@ def test_monitoring_value_set_renders_the_operator_objects() -> None:
      'name "draft-code" is used twice'),
     (("--set-json", 'verifier.heads=[{"name": "Eagle Head", "model": "h"}]'),
      "verifier.heads.0.name", "Does not match pattern"),
+    (("--set-json", 'verifier.colocated=[{"name": "eagle", "model": "d"}]'),
+     "verifier.colocated", 'name "eagle" is used twice'),
+    (("--set", "verifier.colocateQuantize=int4"), "verifier.colocateQuantize",
+     '"auto", "none", "int8"'),
     (("--set", "router.promptLookup=false"), "router.defaultDrafter",
      "router.promptLookup is false"),
     (("--set", "router.defaultDrafter=draft-nope"), "router.defaultDrafter", "draft-nope"),
@@ -358,6 +362,17 @@ def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
     assert model_flags(main_container(docs, "spin-drafter-long")["args"]) == {
         "--device": "auto", "--dtype": "float16", "--max-seqs": "16",
         "--gpu-memory-utilization": "0.5", "--kv-cache-memory": "1.5G", "--max-model-len": "4096"}
+
+
+def test_colocated_drafters_become_colocate_flags() -> None:
+    assert "--colocate" not in main_container(render_set("default"), "spin-verifier")["args"]
+    models = [{"name": "draft-in", "model": "draft-code"}, {"name": "abs", "model": "/opt/d"}]
+    args = main_container(render("--set-json", "verifier.colocated=" + json.dumps(models)),
+                          "spin-verifier")["args"]
+    got = [args[i + 1] for i, a in enumerate(args) if a == "--colocate"]
+    root = flag(args, "--model").rsplit("/", 1)[0]
+    assert got == [f"draft-in={root}/draft-code", "abs=/opt/d"]
+    assert flag(args, "--colocate-quantize") == "auto"
 
 
 def test_verifier_heads_become_head_flags() -> None:

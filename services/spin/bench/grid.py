@@ -100,7 +100,7 @@ class GridConfig:
     variants: dict[str, dict] = field(default_factory=dict)
     """Auto with other learned-policy settings, each a mode of its own: label -> overrides,
     applied over ``policy_config`` (how a constant's candidates are compared on the tuning
-    split, in one run)."""
+    split, in one run); a variant's ``DEPLOYMENT`` key changes what its deployment serves."""
 
     @property
     def new_tokens(self) -> int:
@@ -129,10 +129,26 @@ def modes(cfg: GridConfig) -> list[tuple[str, str, int]]:
     return out
 
 
+DEPLOYMENT = "deployment"
+"""A variant's key for what its deployment serves rather than how its policy decides:
+``{"colocate": [...]}`` (``ServeConfig.colocate``; e.g. ``["all"]``)."""
+
+
 def policy_config(cfg: GridConfig, label: str) -> dict:
     """The learned policy's overrides of mode ``label``'s deployment: ``cfg.policy_config``,
     and a variant's own over it (nested settings merged key by key)."""
-    return merged(cfg.policy_config, cfg.variants.get(label, {}))
+    own = {k: v for k, v in cfg.variants.get(label, {}).items() if k != DEPLOYMENT}
+    return merged(cfg.policy_config, own)
+
+
+def deployment_options(variant: dict) -> dict:
+    """A variant's ``DEPLOYMENT`` options; ValueError for one the grid does not know."""
+    options = variant.get(DEPLOYMENT, {})
+    if not isinstance(options, dict) or set(options) - {"colocate"}:
+        raise ValueError(f'"{DEPLOYMENT}" takes {{"colocate": [NAME, ...]}}, got {options!r}')
+    if not all(isinstance(n, str) for n in options.get("colocate", [])):
+        raise ValueError(f'"{DEPLOYMENT}": colocate wants drafter names, got {options}')
+    return options
 
 
 def merged(base: dict, over: dict) -> dict:
@@ -222,8 +238,9 @@ def deployments(cfg: GridConfig, labels: list[str], stack: contextlib.ExitStack
         router = RouterConfig(policy="learned", policy_config=policy_config(cfg, label),
                               scheduler=SchedulerConfig(step_trace=_trace(cfg, label),
                                                         suffix_decoding=cfg.suffix_decoding))
+        colocate = deployment_options(cfg.variants.get(label, {})).get("colocate", ())
         emb = stack.enter_context(Embedded(ServeConfig(
-            family_dir=cfg.family_dir, port=0, router=router,
+            family_dir=cfg.family_dir, port=0, router=router, colocate=tuple(colocate),
             log_dir=Path(tempfile.mkdtemp(prefix="spin-bench-grid-")))))
         endpoints[label] = emb.endpoint
     return endpoints

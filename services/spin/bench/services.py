@@ -56,6 +56,9 @@ class ServicesBenchConfig:
     ``max_seqs`` 2) and the services (each drafter gets the same KV cache budget)."""
     start_timeout_s: float = 180.0
     """How long each service may take to start."""
+    colocate: bool = False
+    """The services' drafter inside the verifier (``spin serve --colocate``): one call a
+    step, the drafting inside the verifier's compute."""
 
 
 def _stream(stub, prompt: tuple[int, ...], cfg: ServicesBenchConfig, spec: bool) -> tuple[list[int], float]:
@@ -168,17 +171,28 @@ def _compare(emb: Embedded, engine: SpecEngine, prompts: list[tuple[int, ...]],
 
 
 def run_services_bench(cfg: ServicesBenchConfig) -> dict:
-    fam = cfg.family_dir
+    """The engine in process against the services (and, with ``cfg.colocate``, against the
+    services with the drafter inside the verifier, a second deployment: ``"colocated"``)."""
     if cfg.drafter is None:
-        cfg = replace(cfg, drafter=family_members(fam)[0])
+        cfg = replace(cfg, drafter=family_members(cfg.family_dir)[0])
     prompts = prompt_ids(cfg)
+    report = _deployment(cfg, prompts, colocate=False)
+    if cfg.colocate:
+        report["colocated"] = _deployment(cfg, prompts, colocate=True)
+    return report
+
+
+def _deployment(cfg: ServicesBenchConfig, prompts: list[tuple[int, ...]], colocate: bool
+                ) -> dict:
+    """One deployment of the services against the engine in process, prompt by prompt."""
     log_dir = Path(tempfile.mkdtemp(prefix="spin-bench-services-"))
     names = [] if cfg.drafter == PROMPT_LOOKUP else [cfg.drafter]
     # the services serve what the engine in process holds: this drafter with the same weights,
     # no draft head (a head makes every verification keep three layers' inputs)
-    serve = ServeConfig(family_dir=fam, port=0, drafters=names, redis=False, heads={},
-                        log_dir=log_dir, router=RouterConfig(policy="fixed"), runner=cfg.runner,
-                        drafter_kv_cache_memory=cfg.runner.kv_cache_memory)
+    serve = ServeConfig(family_dir=cfg.family_dir, port=0, drafters=names, redis=False,
+                        heads={}, log_dir=log_dir, router=RouterConfig(policy="fixed"),
+                        runner=cfg.runner, drafter_kv_cache_memory=cfg.runner.kv_cache_memory,
+                        colocate=tuple(names) if colocate else ())
     quantize = drafter_quantization(serve)
     engine = _engine(cfg, quantize)
     emb = Embedded(serve)
@@ -187,6 +201,11 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
         got = _compare(emb, engine, prompts, cfg)
     finally:
         emb.stop()
+    return _report(cfg, got, len(prompts), quantize, bool(serve.colocate))
+
+
+def _report(cfg: ServicesBenchConfig, got: dict, prompts: int, quantize: Quantization,
+            colocated: bool) -> dict:
     secs, diff, tokens, steps = got["secs"], got["diff"], got["tokens"], got["steps"]
     engine_on: StepTimes = got["engine_on"]
     per_prompt_ratio, lossless = got["per_prompt_ratio"], got["lossless"]
@@ -203,7 +222,8 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
                 "verify_compute": 1e3 * d.get("verify", 0.0) / n}
 
     return {
-        "drafter": cfg.drafter, "k": cfg.k, "prompts": len(prompts), "new_tokens": cfg.new_tokens,
+        "drafter": cfg.drafter, "k": cfg.k, "prompts": prompts, "new_tokens": cfg.new_tokens,
+        "drafter_in_verifier": colocated,
         "lossless": lossless,
         "tok_s": rate,
         "ratio_services_vs_inprocess": rate["rpc_on"] / rate["inproc_on"],
@@ -223,8 +243,9 @@ def run_services_bench(cfg: ServicesBenchConfig) -> dict:
 def summary(r: dict) -> str:
     """The report of ``run_services_bench`` as ``spin bench services`` prints it."""
     t, on, inproc = r["tok_s"], r["router_step_ms"], r["inprocess_split_ms"]
-    lines = [f"{r['drafter']} k={r['k']}, {r['prompts']} prompts x {r['new_tokens']} tokens, "
-             f"tau {r['tau']:.2f}",
+    where = "inside the verifier" if r["drafter_in_verifier"] else "a service of its own"
+    lines = [f"{r['drafter']} k={r['k']} ({where}), {r['prompts']} prompts x "
+             f"{r['new_tokens']} tokens, tau {r['tau']:.2f}",
              f"speculation on : in process {t['inproc_on']:7.1f} tok/s | services "
              f"{t['rpc_on']:7.1f} tok/s = {r['ratio_services_vs_inprocess']:.2f}x "
              f"(median per prompt {r['ratio_median_per_prompt']:.2f}x)",
@@ -241,4 +262,6 @@ def summary(r: dict) -> str:
                  f"{on['verify_compute']:.2f} computing, "
                  f"{on['step'] - on['draft_compute'] - on['verify_compute']:.2f} in RPCs and the "
                  f"router); drafter weights {r['drafter_weights']}; lossless: {r['lossless']}")
+    if "colocated" in r:
+        lines += ["", summary(r["colocated"])]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ dataset they time."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from ..zoo.specs import FAMILY_DIR
@@ -70,7 +71,9 @@ def add_grid(bsub: argparse._SubParsersAction) -> None:
     bg.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                     help="auto with other learned-policy settings (JSON over --policy-config) "
                     "as a mode of its own, on a deployment of its own: a constant's candidates "
-                    "side by side in one run (repeatable)")
+                    "side by side in one run (repeatable); its key \"deployment\": "
+                    "{\"colocate\": [NAME, ...]} loads those drafters (or \"all\") inside the "
+                    "verifier")
     bg.add_argument("--json", default=None, help="write the report here")
     bg.add_argument("--plot", type=Path, default=None, help="write auto / off per cell here (PNG)")
     bg.add_argument("--trace", type=Path, default=None, metavar="FILE",
@@ -174,7 +177,7 @@ def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
                   ) -> dict[str, dict]:
     """``--variant LABEL=JSON`` flags -> {label: overrides}, each checked over ``base`` (the
     ``--policy-config``); ValueError naming the bad one."""
-    from ..bench.grid import OFF_AGAIN, merged
+    from ..bench.grid import DEPLOYMENT, OFF_AGAIN, deployment_options, merged
 
     taken = {"off", "auto", OFF_AGAIN} | ({f"{fixed[0]}:k{fixed[1]}"} if fixed else set())
     out: dict[str, dict] = {}
@@ -187,8 +190,15 @@ def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
             raise ValueError(f"--variant label {label!r} is taken (off, auto, off again, "
                              "the fixed mode and each variant need their own)")
         try:
-            out[label] = policy_overrides(text)
+            variant = json.loads(text) if text.strip() else {}
+            if not isinstance(variant, dict):
+                raise ValueError(f"needs a JSON object, got {text!r}")
+            options = deployment_options(variant)
+            variant.pop(DEPLOYMENT, None)
+            out[label] = policy_overrides(json.dumps(variant))
             check_policy_overrides(merged(base, out[label]))
+            if options:
+                out[label][DEPLOYMENT] = options
         except ValueError as e:
             raise ValueError(f"--variant {label}: {e}") from None
     return out

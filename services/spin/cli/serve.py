@@ -82,6 +82,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                     help="an EAGLE-3 draft head served inside the verifier (repeatable; "
                          "default: the demo family's heads)")
     sv.add_argument("--no-heads", action="store_true", help="serve no draft head")
+    sv.add_argument("--colocate", action="append", default=[], metavar="NAME",
+                    help="load draft model NAME inside the verifier instead of as a service of "
+                         "its own (it drafts in the verifier's call: one round trip a step "
+                         "fewer); repeatable, 'all' for every draft model")
     model_flags(sv)
     sv.add_argument("--drafter-kv-cache-memory", type=size, metavar="SIZE",
                     help="each drafter's KV cache budget (default: its device's default: "
@@ -141,6 +145,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                        router=router, redis=not args.no_redis, cpus=args.cpus,
                        drafter_quantize=args.drafter_quantize, target=args.target,
                        drafter_models=drafter_models, heads=heads,
+                       colocate=tuple(args.colocate),
                        runner=runner_config(args),
                        drafter_kv_cache_memory=args.drafter_kv_cache_memory,
                        step_times=args.step_times,

@@ -13,7 +13,6 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ..engine.model_free import MODEL_FREE
 from ..engine.prompt_lookup import PROMPT_LOOKUP
 from ..engine.verifier import HEAD_WINDOW
 from ..router.config import RouterConfig, SchedulerConfig, from_json
@@ -63,6 +62,12 @@ def add_verifier(sub: argparse._SubParsersAction) -> None:
                     help="per request, how many committed positions' target states are kept "
                          "for the heads (a request that starts using a head later attends to "
                          f"that many positions of its context; default {HEAD_WINDOW})")
+    sp.add_argument("--colocate", action="append", default=[], metavar="NAME=PATH",
+                    help="serve a draft model (its checkpoint directory, the target's "
+                         "vocabulary) inside the verifier as drafter NAME: it drafts right "
+                         "after each verdict, with no call of its own; repeatable")
+    sp.add_argument("--colocate-quantize", choices=("auto", "none", "int8"), default="none",
+                    help="the colocated drafters' weights (auto: int8 on the CPU in float32)")
     _step_times(sp)
     sp.set_defaults(func=_verifier)
 
@@ -81,15 +86,23 @@ def add_drafter(sub: argparse._SubParsersAction) -> None:
 
 
 def _verifier(args: argparse.Namespace) -> int:
+    from ..engine.colocated import Colocated
+    from ..engine.memory import resolve_device
+    from ..engine.quant import resolve
     from ..verifier.server import run
 
     service_logging()
     threads(args)
     try:
-        run(str(args.model), server_config(args), runner_config(args),
+        runner = runner_config(args)
+        colocated = Colocated(named_models(args.colocate, "--colocate"),
+                              resolve(args.colocate_quantize, resolve_device(runner.device),
+                                      runner.dtype)
+                              if args.colocate else "none")
+        run(str(args.model), server_config(args), runner,
             decompose=not args.no_decompose, step_times=args.step_times,
             heads=named_models(args.head, "--head"),
-            head_window=args.head_window)
+            head_window=args.head_window, colocated=colocated)
     except ValueError as e:  # a device, dtype or memory budget that cannot work
         return fail("verifier", e)
     return 0
@@ -285,13 +298,10 @@ def suffix_flags(g: argparse._ActionsContainer) -> None:
 
 def check_router_config(cfg: RouterConfig) -> None:
     """ValueError, naming the flag, for a config the router cannot run with: no verifier and no
-    discovery, an unknown default drafter, bad learned-policy settings, no chat template file."""
+    discovery, bad learned-policy settings, no chat template file (a default drafter is checked
+    once the verifier says which drafters it serves: ``config.unknown_default_drafter``)."""
     if cfg.kubernetes is None and not cfg.verifier:
         raise ValueError("--verifier HOST:PORT is required (or --discovery kubernetes)")
-    default = cfg.default_drafter
-    if cfg.kubernetes is None and default not in (None, *MODEL_FREE, *cfg.drafters):
-        raise ValueError(f"--default-drafter {default!r} is not one of the drafters "
-                         f"{sorted(cfg.drafters) + sorted(MODEL_FREE)}")
     if not cfg.tokenizer:
         raise ValueError("--tokenizer is required")
     if cfg.scheduler.suffix_share and not cfg.redis_url:

@@ -20,6 +20,7 @@ output stays exact: a draft only changes what is accepted, never what is emitted
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,22 @@ class HeadDraft:
     """The drafted chain."""
     probs: torch.Tensor | None
     """[k, V] the distribution each token was drawn from (sampling), or None (greedy)."""
+
+
+class InVerifierDrafter(Protocol):
+    """What the verifier asks of a drafter inside it: a draft head (``HeadRunner``) or a
+    colocated draft model (``colocated.ColocatedDrafter``)."""
+
+    name: str
+    drafts: dict[str, HeadDraft]
+
+    def release(self, request_id: str) -> None: ...
+
+    def rollback(self, request_id: str, valid: int) -> None: ...
+
+    def stored(self, request_id: str, context_len: int) -> HeadDraft | None: ...
+
+    def draft(self, tasks: list[DraftTask], log: FeatureLog) -> dict[str, HeadDraft]: ...
 
 
 @dataclass

@@ -15,7 +15,8 @@ have (a seeded request draws the same numbers at the same step: ``Sequences.gene
 
 With draft heads (``head_runner.py``), the forward also keeps the target's states of the layers
 the heads read; each request's committed positions go to the feature log, and a request whose
-task asks a head to draft gets the head's chain for its next step with its verdict.
+task asks a head to draft gets the head's chain for its next step with its verdict. A draft
+model loaded beside the target (``colocated.py``) drafts the same way, from the context alone.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .colocated import ColocatedDrafter
+from .drafter import ModelDrafter
 from .eagle import EagleHead
-from .head_runner import DraftTask, FeatureLog, HeadAsk, HeadRunner
+from .head_runner import (DraftTask, FeatureLog, HeadAsk, HeadRunner,
+                          InVerifierDrafter)
 from .logprobs import emitted_logprobs
 from .model_runner import ForwardItem, ModelRunner
 from .rejection import PendingVerdicts, Verdict, decide_batch
@@ -91,7 +95,8 @@ class Verifier:
         """``heads``: draft heads by name (all reading the same target layers)."""
         self.runner = runner
         self.seqs = Sequences(runner.cache)
-        self.heads: dict[str, HeadRunner] = {}
+        self.heads: dict[str, InVerifierDrafter] = {}
+        """The drafters inside the verifier by name: draft heads and colocated draft models."""
         self.features: tuple[int, ...] | None = None
         """The target layers whose states the heads read (None without heads)."""
         self.log = FeatureLog(head_window)
@@ -121,6 +126,12 @@ class Verifier:
         head = head.to(self.runner.device, self.runner.dtype)
         self.heads[name] = HeadRunner(name, head, self.runner.embed, blocks.num_blocks,
                                       blocks.max_seqs, blocks.block_size)
+
+    def add_colocated(self, drafter: ModelDrafter) -> None:
+        """Serve a draft model inside the verifier, under its name (``colocated.py``)."""
+        if drafter.name in self.heads:
+            raise ValueError(f"the verifier already serves a drafter named {drafter.name}")
+        self.heads[drafter.name] = ColocatedDrafter(drafter)
 
     def release(self, request_id: str) -> None:
         """Forget the request and free its cache; unknown ids are ignored (idempotent)."""

@@ -128,6 +128,21 @@ class RouterConfig:
     """The model id of the HTTP API (``/v1/models``); None: the target's name."""
 
 
+def unknown_default_drafter(cfg: RouterConfig, in_verifier: tuple[str, ...] | list[str] = ()
+                            ) -> str | None:
+    """Why ``cfg.default_drafter`` names no drafter the router has (None: it does): one of
+    ``cfg.drafters``, a model-free drafter, or one of ``in_verifier`` (the verifier's draft
+    heads and colocated drafters, known once it answers). Discovery finds drafters later."""
+    from ..engine.model_free import MODEL_FREE
+
+    default = cfg.default_drafter
+    if cfg.kubernetes is not None or default in (None, *MODEL_FREE, *cfg.drafters, *in_verifier):
+        return None
+    inside = f"; inside the verifier: {sorted(in_verifier)}" if in_verifier else ""
+    return (f"--default-drafter {default!r} is not one of the drafters "
+            f"{sorted(cfg.drafters) + sorted(MODEL_FREE)}{inside}")
+
+
 def to_json(cfg: RouterConfig) -> str:
     """``cfg`` as JSON (``from_json`` reads it back to an equal config). ``api_key`` is left
     out: a secret goes in the environment ($SPIN_API_KEY), never in a file."""

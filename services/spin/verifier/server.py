@@ -21,8 +21,9 @@ from pathlib import Path
 import grpc
 import torch
 
+from ..engine.colocated import Colocated, ColocatedDrafter, load_colocated
 from ..engine.eagle import EagleHead
-from ..engine.head_runner import HeadAsk
+from ..engine.head_runner import HeadAsk, HeadRunner
 from ..engine.logprobs import MAX_LOGPROBS
 from ..engine.model_runner import RunnerConfig, describe
 from ..engine import token_mask
@@ -36,7 +37,8 @@ from ..rpc.convert import logprobs_to_proto, sampling_from_proto, tree_from_prot
 from ..rpc.decode import add_servicer
 from ..rpc.model_info import model_info
 from ..rpc.serving import ServerConfig, announce, serve, torch_worker
-from ..rpc.step_times import StepTimesMode, head_times, to_proto, verifier_times
+from ..rpc.step_times import (StepTimesMode, drafter_times, head_times, to_proto,
+                              verifier_times)
 from ..v1 import model_info_pb2, verifier_pb2, verifier_pb2_grpc
 from .decompose import GroupCost, decompose, default_cost_model, padded_fraction
 
@@ -53,10 +55,11 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, model_path: str | Path, runner: RunnerConfig = RunnerConfig(),
                  name: str | None = None, decompose: bool = True,
                  cost_model: CostModel | None = None, heads: dict[str, str] | None = None,
-                 head_window: int = HEAD_WINDOW, worker: ThreadPoolExecutor | None = None
-                 ) -> None:
+                 head_window: int = HEAD_WINDOW, worker: ThreadPoolExecutor | None = None,
+                 colocated: Colocated | None = None) -> None:
         """``heads``: EAGLE-3 draft heads to serve, name -> checkpoint directory; ``worker``:
-        the one thread batches compute on (``rpc.serving.torch_worker``; default a new one)."""
+        the one thread batches compute on (``rpc.serving.torch_worker``; default a new one);
+        ``colocated``: draft models to serve inside the verifier."""
         self.model_path = str(model_path)
         self.name = name or Path(model_path).name
         target = runner.load(model_path)
@@ -64,6 +67,10 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         self.verifier = Verifier(target, {n: EagleHead.load(p, len(target.layers))
                                           for n, p in self.head_paths.items()}, head_window)
         self.tokenizer = load_identity(model_path)
+        self.colocated = colocated or Colocated()
+        for n, p in self.colocated.models.items():
+            self.verifier.add_colocated(load_colocated(n, p, target, self.tokenizer,
+                                                       self.colocated.runner(runner)))
         self.decompose = decompose
         """Split batches into sub-batches that pad less (``decompose.py``)."""
         self.cost_model = cost_model or default_cost_model()
@@ -93,7 +100,11 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         runner = self.verifier.runner
         self.step_times = verifier_times(runner, self.model_path, mode)
         self.head_times = {n: head_times(h, runner, self.head_paths[n], mode)
-                           for n, h in self.verifier.heads.items()}
+                           for n, h in self.verifier.heads.items() if isinstance(h, HeadRunner)}
+        for n, h in self.verifier.heads.items():
+            if isinstance(h, ColocatedDrafter):
+                self.head_times[n] = drafter_times(h.drafter, self.colocated.models[n], mode,
+                                                   quantized=self.colocated.quantize != "none")
         if self.step_times:
             self.cost_model = CostModel.fit(self.step_times)
 
@@ -342,14 +353,15 @@ class BatchRejected(Exception):
 
 def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
         decompose: bool = True, step_times: StepTimesMode = "auto",
-        heads: dict[str, str] | None = None, head_window: int = HEAD_WINDOW) -> None:
-    """Load the target (and its draft heads), capture its step graphs (CUDA), time its
-    forwards, then serve until SIGTERM."""
+        heads: dict[str, str] | None = None, head_window: int = HEAD_WINDOW,
+        colocated: Colocated | None = None) -> None:
+    """Load the target (and its draft heads and colocated drafters), capture its step graphs
+    (CUDA), time its forwards, then serve until SIGTERM."""
     worker = torch_worker("verifier")
 
     def start() -> VerifierService:
         service = VerifierService(model, runner, decompose=decompose, heads=heads,
-                                  head_window=head_window, worker=worker)
+                                  head_window=head_window, worker=worker, colocated=colocated)
         log.info("verifier %s", describe(service.verifier.runner))
         service.verifier.runner.capture_graphs(progress=True)  # before timing: as served
         service.measure_step_times(step_times)

@@ -171,6 +171,19 @@ def test_plan_serve_uses_the_serve_config(capsys) -> None:
     assert "drafter-draft-structured" in text and "2 of 2 services fit" in text
 
 
+def test_a_colocated_drafter_is_planned_inside_the_verifier(capsys) -> None:
+    cfg = ServeConfig(drafters=["draft-code", "draft-prose"], colocate=("draft-code",),
+                      drafter_quantize="none",
+                      runner=RunnerConfig(kv_cache_memory=parse_size("48MiB")))
+    assert plan_serve(cfg) == 0
+    text = capsys.readouterr().out
+    assert "verifier, colocated draft-code: " in text and "drafter-draft-code" not in text
+    assert "drafter-draft-prose: " in text and "3 of 3 services fit" in text
+    # its KV cache holds as many positions as the verifier's: 128 blocks x 16
+    inside = text.split("verifier, colocated draft-code: ")[1].split("drafter-draft-prose")[0]
+    assert "= 128 blocks x 16 = 2048 concurrent tokens" in inside
+
+
 def test_plan_chart_mps_slices_and_limits() -> None:
     values = {"gpu": {"enabled": True, "memory": "80GiB"}, "mps": {"enabled": True, "replicas": 4},
               "verifier": {"model": "Qwen2.5-7B-Instruct", "dtype": "bfloat16",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,7 +34,8 @@ import torch
 from .engine.memory import ModelShape, format_size, kv_budget, parse_size, resolve_dtype
 from .engine.model_runner import SUPPORTED, RunnerConfig
 from .engine.quant import resolve as resolve_quantization
-from .serve import VERIFIER_GPU_SHARE, ServeConfig, drafter_quantization, models, service_runner
+from .serve import (VERIFIER_GPU_SHARE, ServeConfig, colocated_names, drafter_quantization,
+                    models, service_runner)
 
 HOST_OVERHEAD = {"cpu": 512 << 20, "cuda": 2 << 30}
 """Host memory of a service process besides its model (bytes): Python, torch, gRPC, and on CUDA
@@ -202,6 +203,23 @@ def plan_deployment(target: str, drafter_models: dict[str, str], runner: RunnerC
     return out
 
 
+def plan_colocated(name: str, model: str, verifier: ServicePlan, runner: RunnerConfig,
+                   quantize: str, gpu_memory: int | None) -> ServicePlan:
+    """A draft model inside the verifier's process (``engine/colocated.load_colocated``): a
+    KV cache of as many positions as the verifier's, on its device; no process of its own."""
+    r = replace(service_runner(runner, None, VERIFIER_GPU_SHARE, quantize),
+                max_model_len=None, kv_cache_memory=1 << 30)
+    service = f"verifier, colocated {name}"
+    probe = plan_model(service, model, r, gpu_memory)
+    if probe.error or not verifier.tokens:
+        return probe
+    p = plan_model(service, model, replace(
+        r, kv_cache_memory=probe.kv_bytes_per_token * verifier.tokens,
+        max_model_len=min(verifier.max_model_len, probe.max_model_len)), gpu_memory)
+    p.host_bytes -= HOST_OVERHEAD[plan_device(runner.device, gpu_memory).type]
+    return p
+
+
 def format_plan(plans: list[ServicePlan], one_machine: bool = False) -> str:
     """The plan as text: a few lines per service, then whether everything fits (and with
     ``one_machine`` what all the services need together)."""
@@ -257,8 +275,11 @@ def plan_serve(cfg: ServeConfig, gpu_memory: int | None = None) -> int:
     device (``serve.drafter_quantization``)."""
     target, drafter_models = models(cfg)
     quantize = drafter_quantization(cfg, plan_device(cfg.runner.device, gpu_memory))
+    colocated = {n: drafter_models.pop(n) for n in colocated_names(cfg)}
     plans = plan_deployment(target, drafter_models, cfg.runner, cfg.drafter_kv_cache_memory,
                             gpu_memory, quantize)
+    plans[1:1] = [plan_colocated(name, model, plans[0], cfg.runner, quantize, gpu_memory)
+                  for name, model in colocated.items()]
     print(format_plan(plans, one_machine=True))
     return 0 if all(p.fits for p in plans) else 1
 

@@ -364,6 +364,9 @@ def run(model: str, cfg: ServerConfig, runner: RunnerConfig = RunnerConfig(),
                                   head_window=head_window, worker=worker, colocated=colocated)
         log.info("verifier %s", describe(service.verifier.runner))
         service.verifier.runner.capture_graphs(progress=True)  # before timing: as served
+        for h in service.verifier.heads.values():
+            if isinstance(h, ColocatedDrafter):
+                h.drafter.runner.capture_graphs(progress=True)
         service.measure_step_times(step_times)
         return service
 

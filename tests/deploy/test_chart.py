@@ -364,27 +364,30 @@ def test_model_flags_defaults_overrides_and_the_old_slots_name() -> None:
         "--gpu-memory-utilization": "0.5", "--kv-cache-memory": "1.5G", "--max-model-len": "4096"}
 
 
+def _verifier_models(key: str, flag_name: str, models: list[dict]) -> tuple[list[str], str]:
+    """The verifier's ``flag_name`` values with ``verifier.<key>`` set to ``models``, and its
+    models root."""
+    args = main_container(render("--set-json", f"verifier.{key}=" + json.dumps(models)),
+                          "spin-verifier")["args"]
+    return ([args[i + 1] for i, a in enumerate(args) if a == flag_name],
+            flag(args, "--model").rsplit("/", 1)[0])
+
+
 def test_colocated_drafters_become_colocate_flags() -> None:
     assert "--colocate" not in main_container(render_set("default"), "spin-verifier")["args"]
     models = [{"name": "draft-in", "model": "draft-code"}, {"name": "abs", "model": "/opt/d"}]
-    args = main_container(render("--set-json", "verifier.colocated=" + json.dumps(models)),
-                          "spin-verifier")["args"]
-    got = [args[i + 1] for i, a in enumerate(args) if a == "--colocate"]
-    root = flag(args, "--model").rsplit("/", 1)[0]
+    got, root = _verifier_models("colocated", "--colocate", models)
     assert got == [f"draft-in={root}/draft-code", "abs=/opt/d"]
-    assert flag(args, "--colocate-quantize") == "auto"
+    quantize, _ = _verifier_models("colocated", "--colocate-quantize", models)
+    assert quantize == ["auto"]
 
 
 def test_verifier_heads_become_head_flags() -> None:
     default = main_container(render_set("default"), "spin-verifier")["args"]
     assert flag(default, "--head") == f"eagle={flag(default, '--model').rsplit('/', 1)[0]}/eagle"
-    assert "--head" not in main_container(render("--set-json", "verifier.heads=[]"),
-                                          "spin-verifier")["args"]
+    assert _verifier_models("heads", "--head", [])[0] == []
     heads = [{"name": "eagle", "model": "eagle"}, {"name": "abs", "model": "/opt/h"}]
-    args = main_container(render("--set-json", "verifier.heads=" + json.dumps(heads)),
-                          "spin-verifier")["args"]
-    got = [args[i + 1] for i, a in enumerate(args) if a == "--head"]
-    root = flag(args, "--model").rsplit("/", 1)[0]
+    got, root = _verifier_models("heads", "--head", heads)
     assert got == [f"eagle={root}/eagle", "abs=/opt/h"]
 
 

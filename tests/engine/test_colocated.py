@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from chi_square import chi_square_p
+from in_verifier import generate, joint, two_tokens
 from real_sizes import make_pair
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -14,7 +15,6 @@ from spin.engine.colocated import load_colocated
 from spin.engine.drafter import DraftRequest, ModelDrafter
 from spin.engine.head_runner import HeadAsk
 from spin.engine.model_runner import RunnerConfig
-from spin.engine.sampling import SamplingParams
 from spin.engine.tree import TokenTree
 from spin.engine.verifier import Verifier, VerifyRequest
 
@@ -37,34 +37,6 @@ def _verifier(target, drafter=None) -> Verifier:
     return v
 
 
-def _generate(v: Verifier, prompts: list[list[int]], n: int, colocated: bool,
-              sampling: SamplingParams = SamplingParams()) -> tuple[list[list[int]], int]:
-    """Each prompt's first ``n`` tokens, every step verifying the drafter's last chain (k from
-    1 to 4 by request, none every fifth step); the drafted tokens accepted."""
-    out: list[list[int]] = [[] for _ in prompts]
-    drafts: dict[int, tuple[int, ...]] = {}
-    accepted, step = 0, 0
-    while any(len(o) < n for o in out):
-        reqs, idx = [], []
-        for i, p in enumerate(prompts):
-            if len(out[i]) >= n:
-                continue
-            d = drafts.get(i, ())
-            keep = len(p) + len(out[i]) if out[i] else 0
-            k = 0 if step % 5 == 4 else 1 + i % 4
-            reqs.append(VerifyRequest(f"r{i}", [] if keep else p, TokenTree.chain(list(d)),
-                                      sampling, keep=keep,
-                                      head=HeadAsk("d", k=k, stored=len(d))
-                                      if colocated else None))
-            idx.append(i)
-        for i, verdict in zip(idx, v.verify(reqs)):
-            out[i] += list(verdict.tokens)
-            drafts[i] = verdict.head_draft
-            accepted += verdict.num_accepted
-        step += 1
-    return [o[:n] for o in out], accepted
-
-
 @pytest.mark.parametrize("batch", [1, 4, 16])
 @pytest.mark.parametrize("drafter_seed", [0, 7])  # the target's own weights, then another model
 def test_greedy_output_with_a_colocated_drafter_equals_the_target_alone(
@@ -74,8 +46,8 @@ def test_greedy_output_with_a_colocated_drafter_equals_the_target_alone(
     prompts = [torch.randint(0, 300, (int(torch.randint(3, 40, (1,), generator=g)),),
                              generator=g).tolist() for _ in range(batch)]
     with_drafter = _verifier(target, _tiny(drafter_seed))
-    alone, _ = _generate(_verifier(target), prompts, 24, False)
-    out, accepted = _generate(with_drafter, prompts, 24, True)
+    alone, _ = generate(_verifier(target), prompts, 24, None)
+    out, accepted = generate(with_drafter, prompts, 24, "d", rest_every=5)
     assert out == alone
     if drafter_seed == 0:  # the same model: every drafted token is accepted
         assert accepted >= batch * 24 // 3
@@ -101,29 +73,10 @@ def test_sampled_output_with_colocated_drafts_follows_the_target() -> None:
     v = Verifier(RunnerConfig(max_seqs=64, kv_cache_memory=16 << 20).load(target))
     v.add_colocated(ModelDrafter("d", RunnerConfig(max_seqs=64, kv_cache_memory=16 << 20)
                                  .load(draft, vocab_limit=6)))
-    sp, prompt = SamplingParams(temperature=1.0), [1, 2, 3]
-    counts = torch.zeros(8, 8)
-    drafted = accepted = 0
-    for batch in range(48):
-        ids = [f"b{batch}-{i}" for i in range(64)]
-        first = v.verify([VerifyRequest(rid, prompt, EMPTY, sp, head=HeadAsk("d", k=2))
-                          for rid in ids])
-        second = v.verify([VerifyRequest(rid, [], TokenTree.chain(list(f.head_draft)), sp,
-                                         keep=4, head=HeadAsk("d", stored=len(f.head_draft)))
-                           for rid, f in zip(ids, first)])
-        for f, s in zip(first, second):
-            counts[f.tokens[0], s.tokens[0]] += 1
-            drafted += len(f.head_draft)
-            accepted += s.num_accepted
-        for rid in ids:
-            v.release(rid)
-    with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)            # [V]
-        p2 = torch.softmax(target(torch.tensor([prompt + [a] for a in range(8)])).logits[:, -1],
-                           -1)                                                          # [V, V]
+    counts, drafted, accepted = two_tokens(v, "d", [1, 2, 3], 8)
     assert 0 < accepted < drafted  # drafts both accepted and rejected
     assert counts[:, 6:].sum() > 0  # tokens the drafter never drafts are emitted too
-    assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 0.01
+    assert chi_square_p(counts.flatten(), joint(target, [1, 2, 3], 8)) > 0.01
 
 
 def test_a_drafter_of_another_vocabulary_is_refused(tmp_path_factory) -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from chi_square import chi_square_p
+from in_verifier import generate, joint, two_tokens
 from real_sizes import make_pair
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from spin.engine.eagle import EagleHead, random_head
 from spin.engine.head_runner import FeatureLog, HeadAsk, HeadDraft
 from spin.engine.model_runner import ModelRunner, RunnerConfig
-from spin.engine.sampling import SamplingParams
 from spin.engine.step_graphs import GraphConfig, StepGraphs
 from spin.engine.tree import TokenTree
 from spin.engine.verifier import Verifier, VerifyRequest
@@ -89,29 +89,6 @@ def test_paged_drafts_equal_the_dense_forward_across_accepted_steps() -> None:
         alone.verify([VerifyRequest("r", context[:-1], EMPTY)])
 
 
-def _generate(v: Verifier, prompts: list[list[int]], n: int, head: bool,
-              sampling: SamplingParams = SamplingParams()) -> list[list[int]]:
-    """Each prompt's first ``n`` tokens, every step verifying the head's last draft."""
-    out: list[list[int]] = [[] for _ in prompts]
-    drafts: dict[int, tuple[int, ...]] = {}
-    while any(len(o) < n for o in out):
-        reqs, idx = [], []
-        for i, p in enumerate(prompts):
-            if len(out[i]) >= n:
-                continue
-            d = drafts.get(i, ())
-            keep = len(p) + len(out[i]) if out[i] else 0  # the verifier holds all it was told
-            reqs.append(VerifyRequest(f"r{i}", [] if keep else p, TokenTree.chain(list(d)),
-                                      sampling, keep=keep,
-                                      head=HeadAsk("h", k=1 + i % 4, stored=len(d))
-                                      if head else None))
-            idx.append(i)
-        for i, verdict in zip(idx, v.verify(reqs)):
-            out[i] += list(verdict.tokens)
-            drafts[i] = verdict.head_draft
-    return [o[:n] for o in out]
-
-
 @pytest.mark.parametrize("arch", ["llama3", "qwen2"])
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_greedy_output_with_a_head_equals_the_target_alone(arch: str, batch: int,
@@ -124,7 +101,7 @@ def test_greedy_output_with_a_head_equals_the_target_alone(arch: str, batch: int
                              generator=g).tolist() for _ in range(batch)]
     with_head = _verifier(model, head, window=16)
     alone = _verifier(model, None)
-    assert _generate(with_head, prompts, 24, True) == _generate(alone, prompts, 24, False)
+    assert generate(with_head, prompts, 24, "h")[0] == generate(alone, prompts, 24, None)[0]
     assert with_head.heads["h"].drafts  # it drafted
 
 
@@ -172,29 +149,10 @@ def test_sampled_output_with_head_drafts_follows_the_target() -> None:
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     head = random_head(cfg, draft_vocab_size=6, seed=4)
     v = Verifier(RunnerConfig(max_seqs=64, kv_cache_memory=16 << 20).load(model), {"h": head})
-    sp, prompt = SamplingParams(temperature=1.0), [1, 2, 3]
-    counts = torch.zeros(8, 8)
-    drafted = accepted = 0
-    for batch in range(48):
-        ids = [f"b{batch}-{i}" for i in range(64)]
-        first = v.verify([VerifyRequest(rid, prompt, EMPTY, sp, head=HeadAsk("h", k=2))
-                          for rid in ids])
-        second = v.verify([VerifyRequest(rid, [], TokenTree.chain(list(f.head_draft)), sp,
-                                         keep=4, head=HeadAsk("h", stored=len(f.head_draft)))
-                           for rid, f in zip(ids, first)])
-        for f, s in zip(first, second):
-            counts[f.tokens[0], s.tokens[0]] += 1
-            drafted += len(f.head_draft)
-            accepted += s.num_accepted
-        for rid in ids:
-            v.release(rid)
-    with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1], -1)             # [V]
-        p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(8)])).logits[:, -1],
-                           -1)                                                          # [V, V]
+    counts, drafted, accepted = two_tokens(v, "h", [1, 2, 3], 8)
     assert 0 < accepted < drafted  # drafts both accepted and rejected
     assert counts[:, ~head.t2d].sum() > 0  # tokens the head never drafts are emitted too
-    assert chi_square_p(counts.flatten(), (p1[:, None] * p2).flatten()) > 0.01
+    assert chi_square_p(counts.flatten(), joint(model, [1, 2, 3], 8)) > 0.01
 
 
 def _demo_target(family_dir: Path, cfg: RunnerConfig, buckets: bool) -> ModelRunner:
@@ -229,9 +187,9 @@ def test_the_demo_head_drafts_losslessly_on_each_device(family_dir: Path, device
         steps: list[int] = []
         verify = with_head.verify
         with_head.verify = lambda reqs: steps.append(len(reqs)) or verify(reqs)  # type: ignore
-        got = _generate(with_head, batch, 16, True)
+        got = generate(with_head, batch, 16, "h")[0]
         if dtype == "float32":
-            assert got == _generate(alone, batch, 16, False)
+            assert got == generate(alone, batch, 16, None)[0]
         assert all(len(o) == 16 for o in got)
         assert sum(steps) < 0.8 * 16 * len(batch)  # drafts were accepted
         graphs = with_head.runner.graphs

@@ -3,9 +3,9 @@
 ``Embedded`` starts a ``redis-server`` for acceptance statistics (or, without the binary, keeps
 them in the router's process, with a warning), the verifier with the demo target, one drafter
 per demo draft model (or inside the verifier: ``colocate``), and the router, waits for each to
-report ready, and stops them router first, so in-flight requests drain (``cli/serve.py`` prints the endpoint and stops on Ctrl-C or
-SIGTERM). Each child's log goes to ``build/serve/<role>.log``. A child that exits is started
-again on its ports, and no child outlives ``spin serve`` (``supervisor.py``).
+report ready, and stops them router first, so in-flight requests drain (``cli/serve.py`` prints
+the endpoint, stops on Ctrl-C or SIGTERM). Logs: ``build/serve/<role>.log``; a child that exits
+is started again on its ports, and none outlives ``spin serve`` (``supervisor.py``).
 
 The router gets its ``RouterConfig`` whole, as the JSON file ``build/serve/router.json``
 (``spin router --config``: ``router/config.py`` writes and reads it, so no flag list is kept

@@ -4,6 +4,8 @@ drafter's own; a drafter of another vocabulary is refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from chi_square import chi_square_p
@@ -96,3 +98,29 @@ def test_two_drafters_of_one_name_are_refused() -> None:
     v = _verifier(_tiny(0), _tiny(1))
     with pytest.raises(ValueError, match="already serves a drafter named d"):
         v.add_colocated(ModelDrafter("d", RUNNER.load(_tiny(2))))
+
+
+@pytest.mark.parametrize("device,dtype", [
+    pytest.param("cpu", "float32", id="cpu-float32"),
+    pytest.param("cuda", "float32", id="cuda-float32", marks=pytest.mark.cuda),
+    pytest.param("cuda", "bfloat16", id="cuda-bfloat16", marks=pytest.mark.cuda)])
+def test_the_demo_code_drafter_inside_the_verifier_on_each_device(family_dir: Path, device: str,
+                                                                  dtype: str) -> None:
+    """The demo target with draft-code loaded beside it (``load_colocated``: its KV cache sized
+    to the target's, on the target's device; CUDA: ``scripts/gpu-check``), batches of 1 and 8:
+    greedy output equals the verifier alone (float32: token for token) and drafts are
+    accepted."""
+    cfg = RunnerConfig(device=device, dtype=dtype, max_seqs=16, kv_cache_memory=64 << 20)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(10, 2000, (24,), generator=g).tolist() for _ in range(8)]
+    alone = Verifier(cfg.load(family_dir / "target"))
+    for batch in (prompts[:1], prompts):
+        target = cfg.load(family_dir / "target")
+        with_drafter = Verifier(target)
+        with_drafter.add_colocated(load_colocated("d", family_dir / "draft-code", target, None,
+                                                  cfg))
+        got, accepted = generate(with_drafter, batch, 16, "d")
+        if dtype == "float32":
+            assert got == generate(alone, batch, 16, None)[0]
+        assert all(len(o) == 16 for o in got) and accepted > 0
+

@@ -101,17 +101,19 @@ def generate(a: GenerateArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr
 
 
 def step_table(steps: list[tuple[generation_pb2.StepInfo, int]]) -> str:
-    """One line per verification step (what the policy chose and how it went), then the mean
-    error of the policy's step-time predictions over the steps that had one."""
-    lines = [f"{'step':>4}  {'drafter':<18} {'k':>2} {'drafted':>7} {'accepted':>8} "
-             f"{'tokens':>6} {'batch':>5} {'ms':>7} {'predicted':>9}"]
+    """One line per verifier call (what the policy chose and how it went; ``fwd``: the target
+    forwards it ran, several for plain steps held in one call, which the summary's steps count
+    one by one), then the mean error of the policy's step-time predictions over the calls that
+    had one."""
+    lines = [f"{'call':>4}  {'drafter':<18} {'k':>2} {'drafted':>7} {'accepted':>8} "
+             f"{'tokens':>6} {'fwd':>3} {'batch':>5} {'ms':>7} {'predicted':>9}"]
     errors = []
     for i, (s, tokens) in enumerate(steps, 1):
         predicted = f"{s.predicted_step_seconds * 1e3:9.1f}" if s.predicted_step_seconds else \
             f"{'-':>9}"
         lines.append(f"{i:>4}  {s.drafter or '(none)':<18} {s.k:>2} {s.draft_tokens:>7} "
-                     f"{s.accepted_tokens:>8} {tokens:>6} {s.batch_size:>5} "
-                     f"{s.step_seconds * 1e3:7.1f} {predicted}")
+                     f"{s.accepted_tokens:>8} {tokens:>6} {max(s.forwards, 1):>3} "
+                     f"{s.batch_size:>5} {s.step_seconds * 1e3:7.1f} {predicted}")
         if s.predicted_step_seconds and s.step_seconds > 0:
             errors.append(abs(s.predicted_step_seconds - s.step_seconds) / s.step_seconds)
     if errors:

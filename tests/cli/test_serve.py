@@ -109,3 +109,35 @@ def test_spin_serve_refuses_int8_with_bfloat16_before_starting_anything(tmp_path
     assert "spin serve: --drafter-quantize int8 needs --device cpu and --dtype float32" in r.stderr
     assert "--dtype bfloat16" in r.stderr and "starting" not in r.stdout
     assert not (tmp_path / "serve").exists()
+
+
+def test_spin_serve_refuses_a_default_drafter_it_does_not_serve_before_starting(tmp_path) -> None:
+    """Services, drafters inside the verifier (the family's head, --colocate) and the model-free
+    ones may be the default; any other name is refused at once, naming what there is."""
+    from spin.cli.serve import _check_default_drafter
+
+    def check(*flags: str) -> None:
+        _check_default_drafter(serve_config(parser().parse_args(["serve", *flags])))
+
+    check("--default-drafter", "draft-code")
+    check("--default-drafter", "eagle")  # the family's head
+    check("--drafters", "draft-code", "--colocate", "draft-code", "--default-drafter",
+          "draft-code")
+    with pytest.raises(ValueError, match="'draft-code' is not one of the drafters"):
+        check("--drafters", "draft-prose", "--default-drafter", "draft-code")
+    r = subprocess.run([sys.executable, "-m", "spin", "serve", "--default-drafter", "nope",
+                        "--log-dir", str(tmp_path / "serve"), "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "spin serve: --default-drafter 'nope' is not one of the drafters" in r.stderr
+    assert "inside the verifier: ['eagle']" in r.stderr and not (tmp_path / "serve").exists()
+
+
+def test_a_child_that_exits_while_starting_ends_spin_serve_with_its_reason(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "spin", "serve", "--max-model-len", "1000000",
+                        "--drafters", "draft-code", "--no-redis", "--log-dir",
+                        str(tmp_path / "serve"), "--port", "0"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stderr
+    assert "spin serve: verifier exited with 2 while starting" in r.stderr
+    assert "--max-model-len 1000000" in r.stderr and "Traceback" not in r.stderr

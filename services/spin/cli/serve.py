@@ -7,11 +7,12 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.prompt_lookup import PROMPT_LOOKUP
-from ..router.config import RouterConfig, SchedulerConfig
+from ..router.config import RouterConfig, SchedulerConfig, unknown_default_drafter
 from ..zoo.specs import FAMILY_DIR
 from .flags import fail, model_flags, named_models, policy_overrides, positive, runner_config, size
 from .services import default_drafter, suffix_flags
@@ -157,6 +158,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = serve_config(args)
+        _check_default_drafter(cfg)
         if args.dry_run:
             from ..plan import plan_serve
 
@@ -167,6 +169,18 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail("serve", e)
     return _run(cfg)
+
+
+def _check_default_drafter(cfg: ServeConfig) -> None:
+    """ValueError for a ``--default-drafter`` that nothing served is named (the drafter services,
+    the drafters inside the verifier, the model-free ones), before any child starts."""
+    from ..serve import models, served_heads
+
+    drafters = models(cfg)[1]  # each a service or inside the verifier (--colocate)
+    problem = unknown_default_drafter(replace(cfg.router, drafters=dict.fromkeys(drafters, "")),
+                                      list(served_heads(cfg)))
+    if problem:
+        raise ValueError(problem)
 
 
 def _run(cfg: ServeConfig) -> int:
@@ -187,7 +201,11 @@ def _run(cfg: ServeConfig) -> int:
         signal.signal(sig, on_signal)
     print(f"starting the verifier, drafters and router (logs in {cfg.log_dir}) ...", flush=True)
     try:
-        emb.start()
+        try:
+            emb.start()
+        except RuntimeError as e:  # a child exited while starting: its log's end says why
+            print(f"spin serve: {e}", file=sys.stderr, flush=True)
+            return 1
         print(f"SPIN serving on {emb.endpoint} (gRPC spin.v1.Generation); router metrics on "
               f"http://127.0.0.1:{emb.router.metrics_port}/metrics", flush=True)
         if emb.router.http_port:

@@ -195,8 +195,8 @@ def grid_variants(specs: list[str], base: dict, fixed: tuple[str, int] | None
                 raise ValueError(f"needs a JSON object, got {text!r}")
             options = deployment_options(variant)
             variant.pop(DEPLOYMENT, None)
-            out[label] = policy_overrides(json.dumps(variant))
-            check_policy_overrides(merged(base, out[label]))
+            check_policy_overrides(merged(base, variant))
+            out[label] = variant
             if options:
                 out[label][DEPLOYMENT] = options
         except ValueError as e:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .drafter import DraftRequest, ModelDrafter
-from .head_runner import DraftTask, FeatureLog, HeadDraft
+from .head_runner import DraftTask, FeatureLog, HeadDraft, InVerifierDrafter
 from .memory import ModelShape
 from .quant import Quantization
 from .vocab import TokenizerId, incompatibility, load_identity
@@ -48,15 +48,13 @@ class Colocated:
         return replace(target, quantize=self.quantize)
 
 
-class ColocatedDrafter:
-    """A ``ModelDrafter`` drafting inside the verifier, with a draft head's interface
+class ColocatedDrafter(InVerifierDrafter):
+    """A ``ModelDrafter`` drafting inside the verifier, as a draft head does
     (``Verifier.heads``)."""
 
     def __init__(self, drafter: ModelDrafter) -> None:
-        self.name = drafter.name
+        super().__init__(drafter.name)
         self.drafter = drafter
-        self.drafts: dict[str, HeadDraft] = {}
-        """Request id -> its last draft."""
 
     def release(self, request_id: str) -> None:
         """Forget the request (idempotent)."""
@@ -65,11 +63,6 @@ class ColocatedDrafter:
 
     def rollback(self, request_id: str, valid: int) -> None:
         """Nothing to do: the next draft compares the drafter's context with the verifier's."""
-
-    def stored(self, request_id: str, context_len: int) -> HeadDraft | None:
-        """The request's last draft, if drafted at this context length."""
-        d = self.drafts.get(request_id)
-        return d if d is not None and d.context_len == context_len else None
 
     def _keep(self, request_id: str, context: list[int]) -> int:
         """Context tokens the drafter holds that are the verifier's too."""

@@ -19,8 +19,8 @@ output stays exact: a draft only changes what is accepted, never what is emitted
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -55,20 +55,31 @@ class HeadDraft:
     """[k, V] the distribution each token was drawn from (sampling), or None (greedy)."""
 
 
-class InVerifierDrafter(Protocol):
-    """What the verifier asks of a drafter inside it: a draft head (``HeadRunner``) or a
-    colocated draft model (``colocated.ColocatedDrafter``)."""
+class InVerifierDrafter(abc.ABC):
+    """A drafter inside the verifier: a draft head (``HeadRunner``) or a colocated draft model
+    (``colocated.ColocatedDrafter``). Its last draft per request waits here for the next step."""
 
-    name: str
-    drafts: dict[str, HeadDraft]
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.drafts: dict[str, HeadDraft] = {}
+        """Request id -> its last draft."""
 
-    def release(self, request_id: str) -> None: ...
+    def stored(self, request_id: str, context_len: int) -> HeadDraft | None:
+        """The request's last draft, if drafted at this context length."""
+        d = self.drafts.get(request_id)
+        return d if d is not None and d.context_len == context_len else None
 
-    def rollback(self, request_id: str, valid: int) -> None: ...
+    @abc.abstractmethod
+    def release(self, request_id: str) -> None:
+        """Forget the request (idempotent)."""
 
-    def stored(self, request_id: str, context_len: int) -> HeadDraft | None: ...
+    @abc.abstractmethod
+    def rollback(self, request_id: str, valid: int) -> None:
+        """The request's context holds only its first ``valid`` tokens."""
 
-    def draft(self, tasks: list[DraftTask], log: FeatureLog) -> dict[str, HeadDraft]: ...
+    @abc.abstractmethod
+    def draft(self, tasks: list[DraftTask], log: FeatureLog) -> dict[str, HeadDraft]:
+        """Each task's chain for its next step, after this step's verdict."""
 
 
 @dataclass
@@ -169,14 +180,14 @@ class DraftTask:
     """Sampling: the generator its drafts are drawn with."""
 
 
-class HeadRunner:
+class HeadRunner(InVerifierDrafter):
     """One head on the verifier's device, its KV cache and its requests' drafts."""
 
     def __init__(self, name: str, head: EagleHead, embed: torch.Tensor, num_blocks: int,
                  max_seqs: int, block_size: int) -> None:
         """``embed`` [V, Dt]: the target's embedding (unless the head has its own);
         ``num_blocks``: the head cache's blocks (one layer)."""
-        self.name = name
+        super().__init__(name)
         self.head = head
         self.embed = head.embed_tokens.weight if head.embed_tokens is not None else embed
         c = head.config
@@ -186,8 +197,6 @@ class HeadRunner:
         self.iota = Iota(dev)
         self.target_ids = head.target_ids.to(dev)                                     # [Vd]
         self._states: dict[str, _State] = {}
-        self.drafts: dict[str, HeadDraft] = {}
-        """Request id -> its last draft."""
 
     # ---- per request state -------------------------------------------------------------------
     def release(self, request_id: str) -> None:
@@ -208,11 +217,6 @@ class HeadRunner:
             self.release(request_id)
         elif keep < self.cache.lengths[st.seq]:
             self.cache.rollback(st.seq, keep)
-
-    def stored(self, request_id: str, context_len: int) -> HeadDraft | None:
-        """The request's last draft, if drafted at this context length."""
-        d = self.drafts.get(request_id)
-        return d if d is not None and d.context_len == context_len else None
 
     def _start(self, request_id: str, first: int) -> _State:
         self.release(request_id)

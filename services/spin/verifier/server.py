@@ -99,12 +99,11 @@ class VerifierService(verifier_pb2_grpc.VerifierServicer):
         forwards by them."""
         runner = self.verifier.runner
         self.step_times = verifier_times(runner, self.model_path, mode)
-        self.head_times = {n: head_times(h, runner, self.head_paths[n], mode)
-                           for n, h in self.verifier.heads.items() if isinstance(h, HeadRunner)}
-        for n, h in self.verifier.heads.items():
-            if isinstance(h, ColocatedDrafter):
-                self.head_times[n] = drafter_times(h.drafter, self.colocated.models[n], mode,
-                                                   quantized=self.colocated.quantize != "none")
+        self.head_times = {
+            n: head_times(h, runner, self.head_paths[n], mode) if isinstance(h, HeadRunner)
+            else drafter_times(h.drafter, self.colocated.models[n], mode,
+                               quantized=self.colocated.quantize != "none")
+            for n, h in self.verifier.heads.items()}
         if self.step_times:
             self.cost_model = CostModel.fit(self.step_times)
 
